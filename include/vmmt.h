@@ -1,0 +1,171 @@
+/*
+ * vmmt: hand GPU buffers between processes through CUDA virtual memory
+ * management (VMM).
+ *
+ * One producer owns a bounded pool of device memory, exported once as a
+ * shareable handle; consumers import it, copy out what was published for
+ * them and acknowledge, so the slice can be reused.
+ *
+ * Conventions: every function that can fail returns a vmmt_status (VMMT_OK is
+ * 0, failures are negative). On failure, vmmt_last_error() gives a message
+ * for the calling thread that says what was asked, what was found and what to
+ * do. Handles are opaque; every create has a matching destroy.
+ */
+#ifndef VMMT_H
+#define VMMT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define VMMT_API __attribute__((visibility("default")))
+#else
+#define VMMT_API
+#endif
+
+#define VMMT_VERSION_MAJOR 0
+#define VMMT_VERSION_MINOR 1
+#define VMMT_VERSION_PATCH 0
+#define VMMT_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum vmmt_status {
+    VMMT_OK = 0,
+    VMMT_EINVAL = -1,    /* an argument or configuration is wrong */
+    VMMT_ENODRIVER = -2, /* no NVIDIA driver could be loaded or initialised */
+    VMMT_ENODEV = -3,    /* no such device, or no device at all */
+    VMMT_ENOTSUP = -4,   /* the driver or device cannot do what was asked */
+    VMMT_ECUDA = -5,     /* a CUDA driver call failed */
+    VMMT_ENOMEM = -6,    /* host memory exhausted */
+    VMMT_EFULL = -7,     /* the pool has no room now; fall back or retry */
+    VMMT_ETIMEDOUT = -8, /* a wait or a socket ran past its timeout */
+    VMMT_EFAILED = -9,   /* the pool is quarantined after an uncertain failure */
+    VMMT_ECLOSED = -10,  /* the object is shut down */
+    VMMT_EPROTO = -11,   /* a descriptor or message is malformed */
+    VMMT_EPERM = -12,    /* a peer or operation was refused */
+    VMMT_ESYS = -13,     /* an operating-system call failed */
+    VMMT_ESTATE = -14,   /* the call does not fit the object's state */
+    VMMT_ETOOBIG = -15   /* the request can never fit */
+} vmmt_status;
+
+/* Short fixed text for a status ("pool is full"). Never NULL. */
+VMMT_API const char *vmmt_strerror(int status);
+
+/*
+ * The detailed message of the last failure on the calling thread, with its
+ * causes joined by ": ", outermost first. Empty when nothing failed yet.
+ * Valid until the next vmmt call on this thread.
+ */
+VMMT_API const char *vmmt_last_error(void);
+
+/* Status of the last failure on the calling thread (VMMT_OK if none). */
+VMMT_API int vmmt_last_status(void);
+
+/* The CUresult behind the last failure on the calling thread, 0 if none. */
+VMMT_API int vmmt_last_cuda_error(void);
+
+/* --------------------------------------------------------------------- log */
+
+typedef enum vmmt_log_level {
+    VMMT_LOG_ERROR = 0,
+    VMMT_LOG_WARN = 1,
+    VMMT_LOG_INFO = 2,
+    VMMT_LOG_DEBUG = 3
+} vmmt_log_level;
+
+typedef void (*vmmt_log_fn)(vmmt_log_level level, const char *message, void *user);
+
+/*
+ * Route the library's warnings and notices. The default writes to stderr at
+ * the level named by VMMT_LOG (error, warn, info, debug or off; warn if
+ * unset). Passing NULL restores the default.
+ */
+VMMT_API void vmmt_set_log(vmmt_log_fn fn, void *user);
+VMMT_API void vmmt_set_log_level(vmmt_log_level level);
+
+/* ------------------------------------------------------------------ driver */
+
+/*
+ * Choose the driver: "cuda" (libcuda.so.1, or the file named by
+ * VMMT_LIBCUDA) or "emu" (the emulated driver on host memory, for machines
+ * without a GPU). Without a call, VMMT_DRIVER decides, and "cuda" if unset.
+ * Must precede every other call that touches a device.
+ */
+VMMT_API int vmmt_driver_select(const char *name);
+
+/* "cuda" or "emu", loading the driver if needed; NULL with a message if none. */
+VMMT_API const char *vmmt_driver_name(void);
+
+/* The driver's CUDA version (12080 for 12.8). */
+VMMT_API int vmmt_driver_version(int *version);
+
+VMMT_API int vmmt_device_count(int *count);
+
+/* --------------------------------------------------------- handle types */
+
+typedef enum vmmt_handle_type {
+    VMMT_HANDLE_AUTO = -1,    /* let the probe decide */
+    VMMT_HANDLE_NONE = 0,     /* not shareable: one process only */
+    VMMT_HANDLE_POSIX_FD = 1, /* a file descriptor, one node */
+    VMMT_HANDLE_FABRIC = 8    /* a 64-byte handle, across an NVLink domain */
+} vmmt_handle_type;
+
+/* "fabric", "posix_fd", "none" or "auto". */
+VMMT_API const char *vmmt_handle_type_name(vmmt_handle_type type);
+
+/* Parse those names; VMMT_EINVAL with a message for anything else. */
+VMMT_API int vmmt_handle_type_parse(const char *name, vmmt_handle_type *out);
+
+/* What the probe found for one handle type on one device. */
+typedef struct vmmt_handle_probe {
+    vmmt_handle_type type;
+    int attribute;              /* the device attribute, -1 where none exists */
+    size_t granularity_minimum; /* 0 when the query failed */
+    size_t granularity_recommended;
+    int create_result;  /* CUresult of cuMemCreate of one granularity unit */
+    int export_result;  /* CUresult of the export, -1 when not tried */
+    int works;          /* create (and export, if shareable) succeeded */
+    char cause[320];    /* why it does not work; empty when it does */
+} vmmt_handle_probe;
+
+typedef struct vmmt_device_probe {
+    int device;
+    char name[128];
+    size_t total_memory;
+    int vmm_supported;
+    int rdma_with_vmm_supported;
+    int imex_channels_present; /* /dev/nvidia-caps-imex-channels exists */
+    vmmt_handle_probe candidates[3]; /* FABRIC, POSIX_FD, NONE: probe order */
+    vmmt_handle_type selected;       /* the first that works, or the override */
+    int overridden;                  /* VMMT_HANDLE_TYPE chose it */
+    char reason[1024];               /* why `selected` was chosen */
+} vmmt_device_probe;
+
+/*
+ * Probe every handle type on a device by a real allocation of one
+ * granularity unit (and its export). The result is cached per device; a later
+ * call returns the cached report. VMMT_OK when a shareable type (FABRIC or
+ * POSIX_FD) works; VMMT_ENOTSUP, with every candidate's cause in the message,
+ * when none does (out is still filled).
+ */
+VMMT_API int vmmt_probe_device(int device, vmmt_device_probe *out);
+
+/*
+ * The handle type the library will use on a device: VMMT_HANDLE_TYPE
+ * (auto, fabric, posix_fd, none) if set, else the probe's choice.
+ */
+VMMT_API int vmmt_select_handle_type(int device, vmmt_handle_type *out);
+
+/* Forget cached probes (after changing VMMT_HANDLE_TYPE, say). */
+VMMT_API void vmmt_probe_reset(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

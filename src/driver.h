@@ -1,0 +1,101 @@
+/*
+ * The table of CUDA driver entry points vmmt calls. Two implementations fill
+ * it: the real driver (driver.c, libcuda.so.1 loaded at run time) and the
+ * emulator (emu.c, host memory). Library code calls only through this table,
+ * so the code tested on the emulator is the code that runs on a GPU.
+ */
+#ifndef VMMT_DRIVER_H
+#define VMMT_DRIVER_H
+
+#include "cuabi.h"
+
+/*
+ * X(name, cuda_version, parameters): cuda_version is the CUDA release whose
+ * ABI of the symbol the prototype matches; cuGetProcAddress is asked for that
+ * version so that a newer driver hands back the same signature.
+ */
+#define VMMT_DRV_ENTRIES(X)                                                                  \
+    X(cuGetErrorName, 6000, (CUresult, const char **))                                      \
+    X(cuGetErrorString, 6000, (CUresult, const char **))                                    \
+    X(cuInit, 2000, (unsigned int))                                                          \
+    X(cuDriverGetVersion, 2020, (int *))                                                     \
+    X(cuDeviceGetCount, 2000, (int *))                                                       \
+    X(cuDeviceGet, 2000, (CUdevice *, int))                                                  \
+    X(cuDeviceGetName, 2000, (char *, int, CUdevice))                                        \
+    X(cuDeviceGetAttribute, 2000, (int *, CUdevice_attribute, CUdevice))                     \
+    X(cuDeviceTotalMem, 3020, (size_t *, CUdevice))                                          \
+    X(cuDevicePrimaryCtxRetain, 7000, (CUcontext *, CUdevice))                               \
+    X(cuDevicePrimaryCtxRelease, 11000, (CUdevice))                                          \
+    X(cuCtxPushCurrent, 4000, (CUcontext))                                                   \
+    X(cuCtxPopCurrent, 4000, (CUcontext *))                                                  \
+    X(cuCtxGetCurrent, 4000, (CUcontext *))                                                  \
+    X(cuMemGetAllocationGranularity, 10020,                                                  \
+      (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))             \
+    X(cuMemCreate, 10020,                                                                    \
+      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+    X(cuMemRelease, 10020, (CUmemGenericAllocationHandle))                                   \
+    X(cuMemExportToShareableHandle, 10020,                                                   \
+      (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
+    X(cuMemImportFromShareableHandle, 10020,                                                 \
+      (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))                   \
+    X(cuMemAddressReserve, 10020,                                                            \
+      (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                      \
+    X(cuMemAddressFree, 10020, (CUdeviceptr, size_t))                                        \
+    X(cuMemMap, 10020,                                                                       \
+      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))       \
+    X(cuMemUnmap, 10020, (CUdeviceptr, size_t))                                              \
+    X(cuMemSetAccess, 10020, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))         \
+    X(cuMemAlloc, 3020, (CUdeviceptr *, size_t))                                             \
+    X(cuMemFree, 3020, (CUdeviceptr))                                                        \
+    X(cuMemAllocHost, 3020, (void **, size_t))                                               \
+    X(cuMemFreeHost, 2000, (void *))                                                         \
+    X(cuMemcpyDtoDAsync, 3020, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
+    X(cuMemcpyHtoDAsync, 3020, (CUdeviceptr, const void *, size_t, CUstream))                \
+    X(cuMemcpyDtoHAsync, 3020, (void *, CUdeviceptr, size_t, CUstream))                      \
+    X(cuMemsetD8Async, 3020, (CUdeviceptr, unsigned char, size_t, CUstream))                 \
+    X(cuStreamCreate, 2000, (CUstream *, unsigned int))                                      \
+    X(cuStreamDestroy, 4000, (CUstream))                                                     \
+    X(cuStreamSynchronize, 2000, (CUstream))                                                 \
+    X(cuStreamQuery, 2000, (CUstream))                                                       \
+    X(cuStreamWaitEvent, 3020, (CUstream, CUevent, unsigned int))                            \
+    X(cuStreamWaitValue32, 11070, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))         \
+    X(cuStreamWriteValue32, 11070, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))        \
+    X(cuEventCreate, 2000, (CUevent *, unsigned int))                                        \
+    X(cuEventRecord, 2000, (CUevent, CUstream))                                              \
+    X(cuEventQuery, 2000, (CUevent))                                                         \
+    X(cuEventSynchronize, 2000, (CUevent))                                                   \
+    X(cuEventElapsedTime, 2000, (float *, CUevent, CUevent))                                 \
+    X(cuEventDestroy, 4000, (CUevent))
+
+struct vmmt_drv {
+    const char *name; /* "cuda" or "emu" */
+#define VMMT_DRV_FIELD(fn, ver, params) CUresult(*fn) params;
+    VMMT_DRV_ENTRIES(VMMT_DRV_FIELD)
+#undef VMMT_DRV_FIELD
+};
+
+/*
+ * The table in use, loading it on first call (VMMT_DRIVER or the last
+ * vmmt_driver_select). Returns NULL with the thread's error message set when
+ * no driver could be loaded or initialised.
+ */
+const struct vmmt_drv *vmmt__drv(void);
+
+/* Fill the table from libcuda.so.1 (or $VMMT_LIBCUDA). Status code; message set. */
+int vmmt__drv_load_cuda(struct vmmt_drv *out);
+
+/* Fill the table with the emulator's entry points (emu.c). Never fails. */
+void vmmt__drv_load_emu(struct vmmt_drv *out);
+
+/* "CUDA_ERROR_OUT_OF_MEMORY" for a result, whatever the driver in use. */
+const char *vmmt__cu_name(CUresult r);
+
+/*
+ * Make the device's primary context current for the duration of a library
+ * call and give the caller's back afterwards. enter retains the primary
+ * context once per process and device; leave pops exactly what enter pushed.
+ */
+int vmmt__ctx_enter(int device);
+void vmmt__ctx_leave(void);
+
+#endif

@@ -1,0 +1,128 @@
+#include "status.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "driver.h"
+
+/* Long enough for the probe's message, which lists three candidates with causes. */
+#define MSG_CAP 4096
+
+static _Thread_local char t_msg[MSG_CAP];
+static _Thread_local int t_status;
+static _Thread_local int t_cuda;
+
+const char *vmmt_strerror(int status)
+{
+    switch (status) {
+    case VMMT_OK: return "success";
+    case VMMT_EINVAL: return "invalid argument";
+    case VMMT_ENODRIVER: return "no NVIDIA driver";
+    case VMMT_ENODEV: return "no such device";
+    case VMMT_ENOTSUP: return "not supported";
+    case VMMT_ECUDA: return "CUDA driver call failed";
+    case VMMT_ENOMEM: return "out of memory";
+    case VMMT_EFULL: return "pool is full";
+    case VMMT_ETIMEDOUT: return "timed out";
+    case VMMT_EFAILED: return "pool failed";
+    case VMMT_ECLOSED: return "shut down";
+    case VMMT_EPROTO: return "malformed descriptor or message";
+    case VMMT_EPERM: return "permission denied";
+    case VMMT_ESYS: return "system call failed";
+    case VMMT_ESTATE: return "invalid state";
+    case VMMT_ETOOBIG: return "request too large";
+    }
+    return "unknown status";
+}
+
+const char *vmmt_last_error(void) { return t_msg; }
+int vmmt_last_status(void) { return t_status; }
+int vmmt_last_cuda_error(void) { return t_cuda; }
+
+void vmmt__clear(void)
+{
+    t_msg[0] = '\0';
+    t_status = VMMT_OK;
+    t_cuda = 0;
+}
+
+static int vfail(int status, const char *fmt, va_list ap)
+{
+    vsnprintf(t_msg, sizeof t_msg, fmt, ap);
+    t_status = status;
+    t_cuda = 0;
+    return status;
+}
+
+int vmmt__fail(int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int vmmt__wrap(int status, const char *fmt, ...)
+{
+    char inner[MSG_CAP];
+    char outer[MSG_CAP];
+    va_list ap;
+
+    memcpy(inner, t_msg, sizeof inner);
+    va_start(ap, fmt);
+    vsnprintf(outer, sizeof outer, fmt, ap);
+    va_end(ap);
+    if (inner[0] != '\0')
+        snprintf(t_msg, sizeof t_msg, "%s: %s", outer, inner);
+    else
+        snprintf(t_msg, sizeof t_msg, "%s", outer);
+    t_status = status;
+    return status;
+}
+
+static int status_of_cu(CUresult r)
+{
+    switch (r) {
+    case CUDA_ERROR_OUT_OF_MEMORY: return VMMT_ENOMEM;
+    case CUDA_ERROR_NO_DEVICE:
+    case CUDA_ERROR_INVALID_DEVICE: return VMMT_ENODEV;
+    case CUDA_ERROR_NOT_SUPPORTED:
+    case CUDA_ERROR_NOT_PERMITTED: return VMMT_ENOTSUP;
+    case CUDA_ERROR_TIMEOUT: return VMMT_ETIMEDOUT;
+    default: return VMMT_ECUDA;
+    }
+}
+
+int vmmt__cu_fail(CUresult r, const char *call_fmt, ...)
+{
+    char call[512];
+    va_list ap;
+    int status = status_of_cu(r);
+
+    va_start(ap, call_fmt);
+    vsnprintf(call, sizeof call, call_fmt, ap);
+    va_end(ap);
+    vmmt__fail(status, "%s -> %s", call, vmmt__cu_name(r));
+    t_cuda = r;
+    return status;
+}
+
+int vmmt__sys_fail(const char *fmt, ...)
+{
+    char what[512];
+    int err = errno;
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return vmmt__fail(err == ENOMEM ? VMMT_ENOMEM : VMMT_ESYS, "%s: %s", what, strerror(err));
+}
+
+int vmmt__cu_check(CUresult r, const char *call)
+{
+    return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "%s", call);
+}

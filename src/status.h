@@ -1,0 +1,47 @@
+/*
+ * Internal error reporting. A failing function records its status and a
+ * message on the calling thread and returns the status; its callers add
+ * context in front with vmmt__wrap, so the final text reads from the user's
+ * request down to the root cause.
+ */
+#ifndef VMMT_STATUS_H
+#define VMMT_STATUS_H
+
+#include "cuabi.h"
+#include "vmmt.h"
+
+#if defined(__GNUC__)
+#define VMMT_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define VMMT_PRINTF(a, b)
+#endif
+
+/* Replace the thread's error with status and message; returns status. */
+int vmmt__fail(int status, const char *fmt, ...) VMMT_PRINTF(2, 3);
+
+/* Prefix the thread's message with "context: "; returns status. */
+int vmmt__wrap(int status, const char *fmt, ...) VMMT_PRINTF(2, 3);
+
+/*
+ * Record a failed driver call: "<call> -> CUDA_ERROR_X". The status is
+ * VMMT_ECUDA, or VMMT_ENOMEM/VMMT_ENODEV/VMMT_ENOTSUP/VMMT_ETIMEDOUT where
+ * the result says so; vmmt_last_cuda_error() gives the result.
+ */
+int vmmt__cu_fail(CUresult r, const char *call_fmt, ...) VMMT_PRINTF(2, 3);
+
+/* VMMT_OK for CUDA_SUCCESS, else vmmt__cu_fail naming `call`. */
+int vmmt__cu_check(CUresult r, const char *call);
+
+/* Run a driver call through the table; on failure the message names the call as written. */
+#define VMMT_CU(drv, call) vmmt__cu_check((drv)->call, #call)
+
+/* Record a failed system call using errno: "<what>: strerror(errno)". */
+int vmmt__sys_fail(const char *fmt, ...) VMMT_PRINTF(1, 2);
+
+/* Clear the thread's error. */
+void vmmt__clear(void);
+
+/* Log through the application's callback (or stderr), filtered by level. */
+void vmmt__log(vmmt_log_level level, const char *fmt, ...) VMMT_PRINTF(2, 3);
+
+#endif

@@ -1,0 +1,134 @@
+#include "testutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "emu.h"
+
+int tu_count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int n = 0;
+
+    if (d == NULL) return -1;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n - 1; /* the directory stream's own descriptor */
+}
+
+int tu_count_maps(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    int n = 0, c;
+
+    if (f == NULL) return -1;
+    while ((c = fgetc(f)) != EOF)
+        if (c == '\n') n++;
+    fclose(f);
+    return n;
+}
+
+int tu_count_threads(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    int n = -1;
+
+    if (f == NULL) return -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1) break;
+    fclose(f);
+    return n;
+}
+
+void tu_resources_take(tu_resources *r)
+{
+    r->fds = tu_count_fds();
+    r->maps = tu_count_maps();
+    r->threads = tu_count_threads();
+}
+
+void tu_resources_check_(const tu_resources *before, const char *file, int line)
+{
+    tu_resources now;
+
+    /* Threads being joined may take a moment to leave /proc. */
+    for (int i = 0; i < 200; i++) {
+        tu_resources_take(&now);
+        if (now.threads <= before->threads) break;
+        usleep(1000);
+    }
+    if (now.fds != before->fds || now.maps != before->maps || now.threads != before->threads)
+        _fail(file, line),
+            print_error("leak: fds %d -> %d, mappings %d -> %d, threads %d -> %d\n",
+                        before->fds, now.fds, before->maps, now.maps, before->threads,
+                        now.threads);
+}
+
+void tu_use_test_driver(void)
+{
+    const char *d = getenv("VMMT_TEST_DRIVER");
+    if (d == NULL || *d == '\0') d = "emu";
+    if (vmmt_driver_select(d) != VMMT_OK) {
+        fprintf(stderr, "cannot select driver %s: %s\n", d, vmmt_last_error());
+        exit(1);
+    }
+    if (strcmp(d, "emu") == 0) vmmt__emu_configure();
+}
+
+const char *tu_child_path(const char *name, char *buf, size_t cap)
+{
+    const char *dir = getenv("VMMT_TEST_CHILD_DIR");
+    if (dir == NULL) dir = VMMT_TEST_CHILD_DIR;
+    snprintf(buf, cap, "%s/%s", dir, name);
+    return buf;
+}
+
+pid_t tu_spawn(const char *name, char *const argv[], int extra_fd)
+{
+    char path[4096];
+    char *args[32];
+    int n = 0;
+    pid_t pid;
+
+    tu_child_path(name, path, sizeof path);
+    args[n++] = path;
+    for (int i = 0; argv != NULL && argv[i] != NULL && n < 31; i++) args[n++] = argv[i];
+    args[n] = NULL;
+    pid = fork();
+    if (pid == 0) {
+        if (extra_fd >= 0 && extra_fd != 3) {
+            if (dup2(extra_fd, 3) < 0) _exit(126);
+        }
+        if (extra_fd == 3) fcntl(3, F_SETFD, 0);
+        execv(path, args);
+        _exit(127);
+    }
+    return pid;
+}
+
+int tu_wait(pid_t pid, int timeout_ms)
+{
+    struct timespec ts = {0, 1000000};
+    int status;
+
+    for (int waited = 0; waited < timeout_ms; waited++) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (r < 0 && errno != EINTR) return -1;
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
