@@ -164,6 +164,51 @@ VMMT_API int vmmt_select_handle_type(int device, vmmt_handle_type *out);
 /* Forget cached probes (after changing VMMT_HANDLE_TYPE, say). */
 VMMT_API void vmmt_probe_reset(void);
 
+/* -------------------------------------------------------------- descriptor */
+
+/*
+ * A published buffer travels to consumers as a descriptor: a fixed-size,
+ * versioned, little-endian record that any transport can carry as bytes (a
+ * socket, ZeroMQ, a pickle). It names the pool, the slot and generation, the
+ * bytes and the tensor's DLPack dtype and shape.
+ */
+#define VMMT_DESC_SIZE 512
+#define VMMT_MAX_DIMS 8
+
+typedef struct vmmt_desc {
+    uint8_t bytes[VMMT_DESC_SIZE];
+} vmmt_desc;
+
+/* DLPack's DLDataType: code (0 int, 1 uint, 2 float, 4 bfloat, ...), bits, lanes. */
+typedef struct vmmt_dtype {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} vmmt_dtype;
+
+/* What a descriptor says, decoded and checked. */
+typedef struct vmmt_desc_info {
+    uint8_t pool_id[16];
+    vmmt_handle_type handle_type;
+    int producer_device;
+    int consumer_count;
+    uint32_t slot;
+    uint32_t generation;
+    uint64_t nbytes;
+    vmmt_dtype dtype;
+    int ndim;
+    int64_t shape[VMMT_MAX_DIMS];
+    int stream_ordered; /* the consumer must wait for the ready word */
+    int pack_index;     /* position within a packed publish */
+    int pack_count;     /* 1 for a single publish */
+} vmmt_desc_info;
+
+/*
+ * Decode and validate a descriptor without touching any device: VMMT_EPROTO,
+ * naming the field and what was wrong, for anything inconsistent.
+ */
+VMMT_API int vmmt_desc_inspect(const vmmt_desc *desc, vmmt_desc_info *out);
+
 #ifdef __cplusplus
 }
 #endif
