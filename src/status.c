@@ -126,3 +126,18 @@ int vmmt__cu_check(CUresult r, const char *call)
 {
     return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "%s", call);
 }
+
+void vmmt__error_save(struct vmmt__saved_error *e)
+{
+    e->status = t_status;
+    e->cuda = t_cuda;
+    snprintf(e->msg, sizeof e->msg, "%s", t_msg);
+}
+
+int vmmt__error_restore(const struct vmmt__saved_error *e)
+{
+    snprintf(t_msg, sizeof t_msg, "%s", e->msg);
+    t_status = e->status;
+    t_cuda = e->cuda;
+    return e->status;
+}

@@ -38,6 +38,17 @@ int vmmt__cu_check(CUresult r, const char *call);
 /* Record a failed system call using errno: "<what>: strerror(errno)". */
 int vmmt__sys_fail(const char *fmt, ...) VMMT_PRINTF(1, 2);
 
+/*
+ * Cleanup after a failure may call functions that fail too; save the error
+ * that explains the original failure first and restore it afterwards.
+ */
+struct vmmt__saved_error {
+    int status, cuda;
+    char msg[1024];
+};
+void vmmt__error_save(struct vmmt__saved_error *e);
+int vmmt__error_restore(const struct vmmt__saved_error *e); /* returns the saved status */
+
 /* Clear the thread's error. */
 void vmmt__clear(void);
 

@@ -1,0 +1,177 @@
+/* vmmt probe: what the driver and each device can do for CUDA VMM sharing. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli.h"
+#include "vmmt.h"
+
+struct probe_opts {
+    int device; /* -1: all */
+    int json;
+    const char *driver;
+};
+
+static int parse(int argc, char **argv, struct probe_opts *o)
+{
+    o->device = -1;
+    o->json = 0;
+    o->driver = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            o->json = 1;
+        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+            char *end;
+            o->device = (int)strtol(argv[++i], &end, 10);
+            if (*end != '\0' || o->device < 0) {
+                fprintf(stderr, "vmmt probe: --device needs a device number, got '%s'\n", argv[i]);
+                return CLI_ERROR;
+            }
+        } else if (strcmp(argv[i], "--driver") == 0 && i + 1 < argc) {
+            o->driver = argv[++i];
+        } else {
+            fprintf(stderr, "vmmt probe: unknown option '%s'\n"
+                            "usage: vmmt probe [--device N] [--json] [--driver cuda|emu]\n",
+                    argv[i]);
+            return CLI_ERROR;
+        }
+    }
+    return CLI_OK;
+}
+
+static const char *upper(vmmt_handle_type t)
+{
+    return t == VMMT_HANDLE_FABRIC ? "FABRIC" : t == VMMT_HANDLE_POSIX_FD ? "POSIX_FD" : "NONE";
+}
+
+static void text_device(const vmmt_device_probe *p, int st)
+{
+    printf("device %d: %s, %.1f GiB, VMM %s, GPUDirect RDMA with VMM %s\n", p->device, p->name,
+           (double)p->total_memory / (1 << 30), p->vmm_supported ? "yes" : "no",
+           p->rdma_with_vmm_supported ? "yes" : "no");
+    printf("  %-9s %-9s %-17s %-26s %-26s\n", "handle", "attribute", "granularity min/rec",
+           "create", "export");
+    for (int i = 0; i < 3; i++) {
+        const vmmt_handle_probe *c = &p->candidates[i];
+        char attr[16], gran[32], exp[40];
+        snprintf(attr, sizeof attr, c->attribute < 0 ? "-" : "%d", c->attribute);
+        snprintf(gran, sizeof gran, "%zu KiB / %zu KiB", c->granularity_minimum >> 10,
+                 c->granularity_recommended >> 10);
+        snprintf(exp, sizeof exp, "%s",
+                 c->export_result < 0 ? "-" : c->export_result == 0 ? "ok" : "failed");
+        printf("  %-9s %-9s %-19s %-26s %-8s %s\n", upper(c->type), attr, gran,
+               c->create_result == 0 ? "ok" : "failed", exp, c->works ? "" : c->cause);
+    }
+    printf("  IMEX channels (/dev/nvidia-caps-imex-channels): %s\n",
+           p->imex_channels_present ? "present" : "absent");
+    if (st == VMMT_OK)
+        printf("  selected: %s%s (%s)\n", vmmt_handle_type_name(p->selected),
+               p->overridden ? " by VMMT_HANDLE_TYPE" : "", p->reason);
+    else
+        printf("  selected: none: %s\n", vmmt_last_error());
+}
+
+static void json_device(const vmmt_device_probe *p, int st, int first)
+{
+    printf("%s\n    {\"device\": %d, \"name\": ", first ? "" : ",", p->device);
+    cli_json_string(stdout, p->name);
+    printf(", \"total_memory\": %zu, \"vmm_supported\": %s, \"rdma_with_vmm_supported\": %s, "
+           "\"imex_channels_present\": %s,\n     \"handle_types\": [",
+           p->total_memory, p->vmm_supported ? "true" : "false",
+           p->rdma_with_vmm_supported ? "true" : "false",
+           p->imex_channels_present ? "true" : "false");
+    for (int i = 0; i < 3; i++) {
+        const vmmt_handle_probe *c = &p->candidates[i];
+        printf("%s\n       {\"type\": \"%s\", \"attribute\": %d, \"granularity_minimum\": %zu, "
+               "\"granularity_recommended\": %zu, \"create_result\": %d, \"export_result\": %d, "
+               "\"works\": %s, \"cause\": ",
+               i ? "," : "", vmmt_handle_type_name(c->type), c->attribute,
+               c->granularity_minimum, c->granularity_recommended, c->create_result,
+               c->export_result, c->works ? "true" : "false");
+        cli_json_string(stdout, c->cause);
+        printf("}");
+    }
+    printf("],\n     \"selected\": ");
+    if (st == VMMT_OK)
+        printf("\"%s\"", vmmt_handle_type_name(p->selected));
+    else
+        printf("null");
+    printf(", \"reason\": ");
+    cli_json_string(stdout, st == VMMT_OK ? p->reason : vmmt_last_error());
+    printf("}");
+}
+
+static void print_no_driver(const struct probe_opts *o, int st)
+{
+    if (o->json) {
+        printf("{\"driver\": null, \"status\": \"%s\", \"error\": ", vmmt_strerror(st));
+        cli_json_string(stdout, vmmt_last_error());
+        printf("}\n");
+    } else {
+        printf("vmmt probe: %s\n", vmmt_last_error());
+    }
+}
+
+int cmd_probe(int argc, char **argv)
+{
+    struct probe_opts o;
+    struct rlimit nofile = {0, 0};
+    const char *driver;
+    int version = 0, count = 0, rc = CLI_OK, first_dev, last_dev;
+
+    if (parse(argc, argv, &o) != CLI_OK) return CLI_ERROR;
+    if (cli_select_driver(o.driver) != CLI_OK) return CLI_ERROR;
+    driver = vmmt_driver_name();
+    if (driver == NULL || vmmt_driver_version(&version) != VMMT_OK ||
+        vmmt_device_count(&count) != VMMT_OK) {
+        print_no_driver(&o, vmmt_last_status());
+        return CLI_ERROR;
+    }
+    if (o.device >= count) {
+        fprintf(stderr, "vmmt probe: device %d does not exist; the %s driver reports %d device(s)\n",
+                o.device, driver, count);
+        return CLI_ERROR;
+    }
+    getrlimit(RLIMIT_NOFILE, &nofile);
+    first_dev = o.device < 0 ? 0 : o.device;
+    last_dev = o.device < 0 ? count - 1 : o.device;
+    if (o.json)
+        printf("{\"driver\": \"%s\", \"driver_version\": %d, \"device_count\": %d, "
+               "\"open_files_soft\": %llu, \"open_files_hard\": %llu, \"devices\": [",
+               driver, version, count, (unsigned long long)nofile.rlim_cur,
+               (unsigned long long)nofile.rlim_max);
+    else
+        printf("vmmt probe: driver %s%s, CUDA %d.%d (%d), %d device(s)\n", driver,
+               strcmp(driver, "emu") == 0 ? " (emulated on host memory, no GPU in use)" : "",
+               version / 1000, version % 1000 / 10, version, count);
+    for (int dev = first_dev; dev <= last_dev; dev++) {
+        vmmt_device_probe p;
+        int st;
+        memset(&p, 0, sizeof p);
+        st = vmmt_probe_device(dev, &p);
+        if (st == VMMT_OK) {
+            vmmt_handle_type sel;
+            st = vmmt_select_handle_type(dev, &sel);
+            if (st == VMMT_OK && sel != p.selected) {
+                p.selected = sel;
+                p.overridden = 1;
+            }
+        }
+        if (st == VMMT_ENOTSUP && p.candidates[2].works) {
+            if (rc == CLI_OK) rc = CLI_NO_SHAREABLE;
+        } else if (st != VMMT_OK) {
+            rc = CLI_ERROR;
+        }
+        if (o.json)
+            json_device(&p, st, dev == first_dev);
+        else
+            text_device(&p, st);
+    }
+    if (o.json)
+        printf("\n  ]}\n");
+    else
+        printf("open files: soft limit %llu, hard limit %llu (each imported pool holds one "
+               "descriptor while it is imported)\n",
+               (unsigned long long)nofile.rlim_cur, (unsigned long long)nofile.rlim_max);
+    return rc;
+}
