@@ -209,6 +209,160 @@ typedef struct vmmt_desc_info {
  */
 VMMT_API int vmmt_desc_inspect(const vmmt_desc *desc, vmmt_desc_info *out);
 
+/* -------------------------------------------------------------- producer */
+
+typedef struct vmmt_pool vmmt_pool;
+
+/* How a consumer learns that a published buffer's bytes are in the pool. */
+typedef enum vmmt_handoff {
+    VMMT_HANDOFF_AUTO = 0,   /* stream-ordered where the driver allows a wait on imported memory */
+    VMMT_HANDOFF_STREAM = 1, /* publish enqueues copy + ready flag and returns at once */
+    VMMT_HANDOFF_SYNC = 2    /* publish synchronizes its stream before returning */
+} vmmt_handoff;
+
+VMMT_API const char *vmmt_handoff_name(vmmt_handoff mode);
+
+typedef struct vmmt_pool_config {
+    int device;                   /* producer's device; default 0 */
+    uint64_t memory_size;         /* bytes of device memory, control table included */
+    int consumer_count;           /* acknowledgements needed per slice; 1..256 */
+    uint32_t max_slices;          /* slices in flight at most; default 4096 */
+    uint32_t recycle_interval_us; /* background recycler period while slices are in flight; default 1000 */
+    vmmt_handle_type handle_type; /* default VMMT_HANDLE_AUTO (the probe's choice) */
+    int allow_posix_fallback;     /* FABRIC failing at creation falls back to POSIX_FD; default 1 */
+    int round_up;                 /* a memory_size below one granularity unit becomes one unit; default 0 */
+    vmmt_handoff handoff;         /* default VMMT_HANDOFF_AUTO */
+    const char *broker_path;      /* POSIX_FD: socket path; NULL: a random abstract name */
+    const uint32_t *allowed_uids; /* broker peers allowed besides the producer's user */
+    size_t allowed_uid_count;
+    int timeout_ms;               /* bound of shutdown and broker waits; default 5000 */
+} vmmt_pool_config;
+
+/* Defaults as documented above; memory_size and consumer_count are left 0 and must be set. */
+VMMT_API void vmmt_pool_config_init(vmmt_pool_config *config);
+
+/*
+ * Allocate, map and export the pool, and start its recycler (and broker, for
+ * POSIX_FD). The application's current CUDA context is left as it was.
+ */
+VMMT_API int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **out);
+
+/* A tensor to publish: device pointer, bytes, and optionally its DLPack dtype and shape. */
+typedef struct vmmt_buffer {
+    uint64_t ptr; /* CUdeviceptr on the pool's device, or one it can read */
+    uint64_t nbytes;
+    vmmt_dtype dtype; /* bits == 0: untyped bytes */
+    int ndim;
+    int64_t shape[VMMT_MAX_DIMS];
+} vmmt_buffer;
+
+/*
+ * Copy buf into a free slice on `stream` (a CUstream; NULL for the default
+ * stream) and describe it in *out. VMMT_EFULL at once when no slice is free
+ * even after reclaiming (fall back to another path, or retry later);
+ * VMMT_ETOOBIG when it could never fit.
+ */
+VMMT_API int vmmt_publish(vmmt_pool *pool, const vmmt_buffer *buf, void *stream, vmmt_desc *out);
+
+/*
+ * Several buffers in one slice under one control slot, each aligned to its
+ * element size; out[i] describes bufs[i]. The slice is acknowledged once a
+ * consumer has consumed (or dropped) every member, and recycled once.
+ */
+VMMT_API int vmmt_publish_packed(vmmt_pool *pool, const vmmt_buffer *bufs, size_t count,
+                                 void *stream, vmmt_desc *out);
+
+/*
+ * Take back a descriptor that was never handed to a consumer. Idempotent:
+ * cancelling another member of the same packed group, or the same
+ * descriptor again, succeeds and does nothing.
+ */
+VMMT_API int vmmt_cancel(vmmt_pool *pool, const vmmt_desc *desc);
+
+/* Recycle every acknowledged slice now; *freed (if not NULL) counts them. */
+VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
+
+/* Wait until nothing is in flight, at most timeout_ms; VMMT_ETIMEDOUT otherwise. */
+VMMT_API int vmmt_pool_drain(vmmt_pool *pool, int timeout_ms);
+
+typedef struct vmmt_pool_stats {
+    vmmt_handle_type handle_type;
+    vmmt_handoff handoff;
+    int fell_back_to_posix;   /* FABRIC was asked for and failed */
+    uint64_t allocation_size; /* the exported allocation */
+    uint64_t table_bytes;     /* control table */
+    uint64_t data_bytes;      /* usable for slices */
+    uint32_t slots;
+    uint32_t in_flight;       /* slices published and not yet recycled */
+    uint64_t in_flight_bytes;
+    uint64_t published;       /* descriptors handed out */
+    uint64_t recycled;        /* slices recycled */
+    uint64_t cancelled;
+    uint64_t full;            /* publishes refused with VMMT_EFULL */
+    uint64_t reclaims;        /* control-table reads */
+    uint64_t broker_served;   /* POSIX_FD descriptors handed to consumers */
+    uint64_t broker_refused;
+} vmmt_pool_stats;
+
+VMMT_API int vmmt_pool_stats(vmmt_pool *pool, vmmt_pool_stats *out);
+
+/*
+ * Refuse new publishes, wait for publishes in progress, stop the recycler
+ * and broker, and release the device memory in reverse order. Bounded by
+ * timeout_ms; idempotent. Consumers that imported the pool keep their
+ * mappings valid until they evict it.
+ */
+VMMT_API int vmmt_pool_shutdown(vmmt_pool *pool);
+
+/* Shut down (if needed) and free. NULL is allowed. */
+VMMT_API void vmmt_pool_destroy(vmmt_pool *pool);
+
+/* -------------------------------------------------------------- consumer */
+
+typedef struct vmmt_consumer vmmt_consumer;
+
+/* Acknowledge for every consumer rank of the pool (one process serving all). */
+#define VMMT_ALL_RANKS (-1)
+
+typedef struct vmmt_consumer_config {
+    int timeout_ms; /* broker fetch, and waits for a ready flag on the host; default 5000 */
+} vmmt_consumer_config;
+
+VMMT_API void vmmt_consumer_config_init(vmmt_consumer_config *config);
+
+/* A per-process cache of imported pools; thread-safe. config may be NULL. */
+VMMT_API int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out);
+
+/*
+ * Copy the buffer a descriptor names to dst (a device pointer on `device`,
+ * dst_size bytes available) on `stream`, then acknowledge for ranks
+ * [rank_first, rank_first + rank_count) (rank_first = VMMT_ALL_RANKS: all).
+ * The first consume of a pool imports it (broker or FABRIC), maps it and
+ * grants `device` access. Stream-ordered pools: the copy waits for the
+ * producer's ready flag on `stream`, and the call returns without
+ * synchronizing. A failed copy still acknowledges, so the slice is released;
+ * the descriptor cannot be consumed again.
+ */
+VMMT_API int vmmt_consume(vmmt_consumer *consumer, const vmmt_desc *desc, int device,
+                          uint64_t dst, uint64_t dst_size, void *stream, int rank_first,
+                          int rank_count);
+
+/* Acknowledge without copying (a dropped request). */
+VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, int device,
+                               void *stream, int rank_first, int rank_count);
+
+/*
+ * Unmap a pool and forget it. Streams that consumed from it must be
+ * synchronized first. VMMT_OK if it was not cached.
+ */
+VMMT_API int vmmt_consumer_evict(vmmt_consumer *consumer, const uint8_t pool_id[16], int device);
+
+/* Pools currently imported. */
+VMMT_API int vmmt_consumer_pool_count(vmmt_consumer *consumer);
+
+/* Evict every pool and free. NULL is allowed. */
+VMMT_API void vmmt_consumer_destroy(vmmt_consumer *consumer);
+
 #ifdef __cplusplus
 }
 #endif
