@@ -304,7 +304,7 @@ typedef struct vmmt_pool_stats {
     uint64_t broker_refused;
 } vmmt_pool_stats;
 
-VMMT_API int vmmt_pool_stats(vmmt_pool *pool, vmmt_pool_stats *out);
+VMMT_API int vmmt_pool_get_stats(vmmt_pool *pool, vmmt_pool_stats *out);
 
 /*
  * Refuse new publishes, wait for publishes in progress, stop the recycler
