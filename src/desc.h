@@ -1,0 +1,79 @@
+/*
+ * The descriptor wire format: a fixed 512-byte little-endian record (layout
+ * in docs/descriptor.md). Decoding validates every field before anything is
+ * mapped or copied, so a corrupt or foreign record fails here with a message
+ * naming the field, never later as a bad address.
+ */
+#ifndef VMMT_DESC_H
+#define VMMT_DESC_H
+
+#include <stdint.h>
+
+#include "vmmt.h"
+
+#define VMMT__DESC_VERSION  1
+#define VMMT__MAX_CONSUMERS 256
+
+/* flags */
+#define VMMT__DESC_STREAM_ORDERED 1u /* the consumer waits for the ready word on its stream */
+#define VMMT__DESC_PACKED         2u /* one buffer of a packed group sharing a slice */
+#define VMMT__DESC_KNOWN_FLAGS    (VMMT__DESC_STREAM_ORDERED | VMMT__DESC_PACKED)
+
+/* broker.kind */
+#define VMMT__BROKER_ABSTRACT 0 /* Linux abstract socket name, without the leading NUL */
+#define VMMT__BROKER_PATH     1 /* filesystem path */
+#define VMMT__BROKER_NAME_MAX 107
+
+/* The largest element alignment checked: a vector type wider than this needs no more. */
+#define VMMT__DESC_MAX_ELEM_ALIGN 256u
+
+struct vmmt__broker_addr {
+    uint8_t kind; /* 0 abstract, 1 filesystem path */
+    uint8_t len;  /* bytes of name used, 1..107; name is zero after them */
+    char name[108];
+};
+
+struct vmmt__desc {
+    uint8_t pool_id[16];             /* random per pool, never all zero */
+    uint32_t handle_type;            /* 1 POSIX_FD, 8 FABRIC */
+    uint32_t flags;                  /* VMMT__DESC_STREAM_ORDERED, VMMT__DESC_PACKED */
+    uint8_t fabric[64];              /* FABRIC handle, zero otherwise */
+    struct vmmt__broker_addr broker; /* POSIX_FD: where to fetch the fd; zero for FABRIC */
+    int32_t producer_device;         /* >= 0 */
+    int32_t producer_pid;            /* >= 0; 0 when unknown */
+    uint32_t consumer_count;         /* 1..VMMT__MAX_CONSUMERS */
+    uint64_t alloc_size;             /* size of the exported allocation */
+    uint64_t table_offset;           /* control table: slots * slot_stride bytes from here */
+    uint32_t table_slots;            /* >= 1 */
+    uint32_t slot_stride;      /* bytes per slot, >= 4 * (1 + consumer_count), multiple of 4 */
+    uint64_t data_offset;      /* data region start; >= end of the table, <= alloc_size */
+    uint32_t slot, generation; /* slot < table_slots, generation != 0 */
+    uint64_t slice_offset,
+        slice_bytes;         /* the whole slice (covers every buffer of a packed group) */
+    uint64_t offset, nbytes; /* this buffer */
+    uint16_t pack_index, pack_count;
+    uint8_t dtype_code, dtype_bits; /* dtype_bits 0: untyped bytes (code and lanes 0 too) */
+    uint16_t dtype_lanes;
+    uint32_t ndim;
+    int64_t shape[VMMT_MAX_DIMS]; /* entries past ndim are 0 */
+};
+
+/* Writes d as it is, reserved bytes zero; check it first with vmmt__desc_validate. */
+void vmmt__desc_encode(const struct vmmt__desc *d, uint8_t out[VMMT_DESC_SIZE]);
+
+/*
+ * Reads and validates a record: VMMT_EPROTO naming the field and what is
+ * wrong with it. *d is unspecified on failure.
+ */
+int vmmt__desc_decode(const uint8_t in[VMMT_DESC_SIZE], struct vmmt__desc *d);
+
+/* The field checks of decode on a decoded form, for the producer before it encodes. */
+int vmmt__desc_validate(const struct vmmt__desc *d);
+
+/*
+ * Check a decoded descriptor against the pool geometry the consumer imported
+ * earlier: VMMT_EPROTO naming the first field that differs.
+ */
+int vmmt__desc_check_pool(const struct vmmt__desc *d, const struct vmmt__desc *pool);
+
+#endif
