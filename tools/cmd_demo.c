@@ -1,11 +1,357 @@
-#include <stdio.h>
+/*
+ * vmmt demo: the main job. A producer (this process) and N consumer
+ * processes (fork, then exec of this same program) move buffers of known
+ * content through a vmmt pool; every consumer checks every byte. Exit 0 only
+ * when every byte matched and the pool drained.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "demo_proto.h"
+#include "driver.h"
+
+#define MAX_CONSUMERS 64
+#define TIMEOUT_MS 30000
+
+struct demo {
+    int consumers;
+    uint64_t size;
+    uint32_t count;
+    const char *driver;
+    int devices;
+    vmmt_pool *pool;
+    CUstream stream;
+    CUdeviceptr src[DEMO_PATTERNS];
+    int sock[MAX_CONSUMERS];
+    pid_t pid[MAX_CONSUMERS];
+    uint64_t replies, verified, mismatched;
+    char first_error[300];
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    uint64_t mul = 1;
+
+    if (end == s) return -1;
+    if (*end == 'K' || *end == 'k') mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1024ull * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (*end != '\0' || v == 0) return -1;
+    *out = v * mul;
+    return 0;
+}
+
+static int parse(int argc, char **argv, struct demo *o)
+{
+    o->consumers = 2;
+    o->size = 4 << 20;
+    o->count = 64;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0) {
+            printf("usage: vmmt demo [--consumers N] [--size BYTES] [--count N] "
+                   "[--driver cuda|emu]\n");
+            exit(0);
+        } else if (strcmp(a, "--consumers") == 0 && v) {
+            o->consumers = atoi(v);
+        } else if (strcmp(a, "--size") == 0 && v) {
+            if (parse_size(v, &o->size) != 0) goto bad;
+        } else if (strcmp(a, "--count") == 0 && v) {
+            o->count = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--driver") == 0 && v) {
+            o->driver = v;
+        } else {
+            goto bad;
+        }
+        i++;
+    }
+    if (o->consumers < 1 || o->consumers > MAX_CONSUMERS || o->count == 0) goto bad;
+    return CLI_OK;
+bad:
+    fprintf(stderr, "vmmt demo: bad arguments (consumers 1..%d, size like 4M, count >= 1)\n"
+                    "usage: vmmt demo [--consumers N] [--size BYTES] [--count N] "
+                    "[--driver cuda|emu]\n",
+            MAX_CONSUMERS);
+    return CLI_ERROR;
+}
+
+/* Without --driver: the GPU if there is one, else the emulator, saying so first. */
+static int choose_driver(struct demo *o)
+{
+    if (o->driver != NULL) {
+        if (cli_select_driver(o->driver) != CLI_OK) return CLI_ERROR;
+        if (vmmt_driver_name() == NULL) {
+            printf("vmmt demo: %s\n", vmmt_last_error());
+            return CLI_ERROR;
+        }
+    } else if (vmmt_driver_name() == NULL) {
+        printf("vmmt demo: no GPU here (%s)\n"
+               "vmmt demo: running on the emulated driver (host memory): the same library code "
+               "and processes, but the timings say nothing about a GPU\n",
+               vmmt_last_error());
+        if (vmmt_driver_select("emu") != VMMT_OK || vmmt_driver_name() == NULL) {
+            printf("vmmt demo: %s\n", vmmt_last_error());
+            return CLI_ERROR;
+        }
+    }
+    o->driver = vmmt_driver_name();
+    return vmmt_device_count(&o->devices) == VMMT_OK ? CLI_OK : CLI_ERROR;
+}
+
+static int spawn(struct demo *o, int k)
+{
+    char dev[16], rank[16], exe[4096];
+    char *args[] = {"vmmt", "demo-consumer", dev, rank, "--driver", (char *)o->driver, NULL};
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    int sv[2];
+
+    if (n <= 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return -1;
+    exe[n] = '\0';
+    snprintf(dev, sizeof dev, "%d", k % o->devices);
+    snprintf(rank, sizeof rank, "%d", k);
+    o->pid[k] = fork();
+    if (o->pid[k] == 0) {
+        if (dup2(sv[1], 3) < 0) _exit(126);
+        execv(exe, args);
+        _exit(127);
+    }
+    close(sv[1]);
+    o->sock[k] = sv[0];
+    return o->pid[k] > 0 ? 0 : -1;
+}
+
+static int make_sources(struct demo *o)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    uint8_t *h = malloc(o->size);
+    int st = VMMT_OK;
+
+    if (h == NULL) return VMMT_ENOMEM;
+    for (uint32_t p = 0; p < DEMO_PATTERNS && st == VMMT_OK; p++) {
+        for (uint64_t j = 0; j < o->size; j++) h[j] = demo_byte(p, j);
+        st = VMMT_CU(d, cuMemAlloc(&o->src[p], o->size));
+        if (st == VMMT_OK) st = VMMT_CU(d, cuMemcpyHtoDAsync(o->src[p], h, o->size, o->stream));
+        if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(o->stream));
+    }
+    free(h);
+    return st;
+}
+
+static void take_reply(struct demo *o, const struct demo_reply *r)
+{
+    o->replies++;
+    if (r->status == VMMT_OK) {
+        o->verified++;
+        return;
+    }
+    o->mismatched++;
+    if (o->first_error[0] == '\0')
+        snprintf(o->first_error, sizeof o->first_error, "buffer %u: %s", r->index, r->error);
+}
+
+/* Read replies that are ready; block up to wait_ms for the first one. */
+static int collect(struct demo *o, int wait_ms)
+{
+    struct pollfd pf[MAX_CONSUMERS];
+    int got = 0;
+
+    for (int k = 0; k < o->consumers; k++) pf[k] = (struct pollfd){o->sock[k], POLLIN, 0};
+    if (poll(pf, (nfds_t)o->consumers, wait_ms) <= 0) return 0;
+    for (int k = 0; k < o->consumers; k++) {
+        struct demo_reply r;
+        while ((pf[k].revents & (POLLIN | POLLHUP)) &&
+               recv(o->sock[k], &r, sizeof r, MSG_DONTWAIT) == (ssize_t)sizeof r) {
+            take_reply(o, &r);
+            got++;
+        }
+        if (pf[k].revents & POLLHUP && got == 0) return -1;
+    }
+    return got;
+}
+
+/* Publish, waiting for consumers to free room when the pool is full. */
+static int publish(struct demo *o, uint32_t i, vmmt_desc *desc)
+{
+    vmmt_buffer b;
+    double give_up = now_s() + TIMEOUT_MS / 1000.0;
+    int st;
+
+    memset(&b, 0, sizeof b);
+    b.ptr = o->src[i % DEMO_PATTERNS];
+    b.nbytes = o->size;
+    while ((st = vmmt_publish(o->pool, &b, o->stream, desc)) == VMMT_EFULL && now_s() < give_up)
+        if (collect(o, 1) < 0) break;
+    return st;
+}
+
+static int send_all(struct demo *o, uint32_t i, const vmmt_desc *desc)
+{
+    struct demo_msg m;
+
+    memset(&m, 0, sizeof m);
+    m.index = i;
+    m.pattern = i % DEMO_PATTERNS;
+    if (desc != NULL) m.desc = *desc;
+    for (int k = 0; k < o->consumers; k++)
+        if (send(o->sock[k], &m, sizeof m, MSG_NOSIGNAL) != (ssize_t)sizeof m) return -1;
+    return 0;
+}
+
+static int run(struct demo *o, double *elapsed)
+{
+    uint64_t expected = (uint64_t)o->count * (uint64_t)o->consumers;
+    double t0 = now_s(), deadline;
+    vmmt_desc desc;
+
+    for (uint32_t i = 0; i < o->count; i++) {
+        if (publish(o, i, &desc) != VMMT_OK) {
+            printf("vmmt demo: publish %u failed: %s\n", i, vmmt_last_error());
+            return CLI_ERROR;
+        }
+        if (send_all(o, i, &desc) != 0) {
+            printf("vmmt demo: a consumer process went away\n");
+            return CLI_ERROR;
+        }
+        collect(o, 0);
+    }
+    deadline = now_s() + TIMEOUT_MS / 1000.0;
+    while (o->replies < expected && now_s() < deadline)
+        if (collect(o, 100) < 0) break;
+    *elapsed = now_s() - t0;
+    send_all(o, DEMO_END, NULL);
+    return o->replies == expected ? CLI_OK : CLI_FAIL;
+}
+
+/* Consumers exit when their socket closes; one that does not within 10 s is killed. */
+static int reap(struct demo *o)
+{
+    double give_up = now_s() + 10.0;
+    struct timespec pause = {0, 2000000};
+    int bad = 0;
+
+    for (int k = 0; k < o->consumers; k++)
+        if (o->pid[k] > 0) shutdown(o->sock[k], SHUT_WR);
+    for (int k = 0; k < o->consumers; k++) {
+        int status = 0;
+        pid_t r = 0;
+        if (o->pid[k] <= 0) continue;
+        while ((r = waitpid(o->pid[k], &status, WNOHANG)) == 0 && now_s() < give_up)
+            nanosleep(&pause, NULL);
+        if (r == 0) {
+            printf("vmmt demo: consumer %d did not exit; killing it\n", k);
+            kill(o->pid[k], SIGKILL);
+            waitpid(o->pid[k], &status, 0);
+        }
+        if (r != o->pid[k] || !WIFEXITED(status) || WEXITSTATUS(status) != 0) bad++;
+        close(o->sock[k]);
+    }
+    return bad;
+}
+
+static void summary(struct demo *o, double elapsed, int drained, int bad_exits)
+{
+    vmmt_pool_stats s;
+    double moved = (double)o->size * o->count * o->consumers;
+    int ok = o->verified == (uint64_t)o->count * o->consumers && o->mismatched == 0 && drained &&
+             bad_exits == 0;
+
+    vmmt_pool_get_stats(o->pool, &s);
+    printf("pool: device 0, %.1f MiB (%.1f MiB for data), %s handles, %s hand-off, %u slots\n",
+           (double)s.allocation_size / (1 << 20), (double)s.data_bytes / (1 << 20),
+           vmmt_handle_type_name(s.handle_type), vmmt_handoff_name(s.handoff), s.slots);
+    printf("consumers: %d process(es) on device(s)", o->consumers);
+    for (int k = 0; k < o->consumers && k < 8; k++) printf("%s%d", k ? ", " : " ", k % o->devices);
+    printf("%s\n", o->consumers > 8 ? ", ..." : "");
+    printf("moved: %u buffers x %.2f MiB to %d consumer(s) = %" PRIu64 " transfers, %.1f MiB\n",
+           o->count, (double)o->size / (1 << 20), o->consumers, o->replies, moved / (1 << 20));
+    printf("verified: %" PRIu64 " of %" PRIu64 " byte for byte, %" PRIu64 " failed%s%s\n",
+           o->verified, (uint64_t)o->count * o->consumers, o->mismatched,
+           o->first_error[0] ? " (first: " : "", o->first_error[0] ? o->first_error : "");
+    if (o->first_error[0]) printf(")\n");
+    printf("time: %.3f s, %.2f GB/s aggregate (each consumer's copy counted)\n", elapsed,
+           elapsed > 0 ? moved / elapsed / 1e9 : 0.0);
+    printf("recycling: %" PRIu64 " published, %" PRIu64 " recycled, %u in flight, %" PRIu64
+           " full, %" PRIu64 " table reads\n",
+           s.published, s.recycled, s.in_flight, s.full, s.reclaims);
+    printf("result: %s\n", ok ? "OK" : "FAILED");
+}
+
+static void cleanup(struct demo *o)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+
+    vmmt_pool_destroy(o->pool);
+    for (int p = 0; p < DEMO_PATTERNS; p++)
+        if (o->src[p]) d->cuMemFree(o->src[p]);
+    if (o->stream) d->cuStreamDestroy(o->stream);
+    vmmt__ctx_leave();
+}
+
+static int setup(struct demo *o)
+{
+    vmmt_pool_config c;
+    uint64_t want = o->size * 8 > (64u << 20) ? o->size * 8 : (64u << 20);
+
+    vmmt_pool_config_init(&c);
+    c.memory_size = want;
+    c.consumer_count = o->consumers;
+    c.round_up = 1;
+    if (vmmt__ctx_enter(0) != VMMT_OK) return CLI_ERROR;
+    if (vmmt_pool_create(&c, &o->pool) != VMMT_OK ||
+        VMMT_CU(vmmt__drv(), cuStreamCreate(&o->stream, CU_STREAM_NON_BLOCKING)) != VMMT_OK ||
+        make_sources(o) != VMMT_OK) {
+        printf("vmmt demo: %s\n", vmmt_last_error());
+        return CLI_ERROR;
+    }
+    for (int k = 0; k < o->consumers; k++)
+        if (spawn(o, k) != 0) {
+            printf("vmmt demo: cannot start consumer %d: %s\n", k, strerror(errno));
+            return CLI_ERROR;
+        }
+    return CLI_OK;
+}
 
 int cmd_demo(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "vmmt demo: not built yet\n");
-    return CLI_ERROR;
+    struct demo o;
+    double elapsed = 0;
+    int rc, drained, bad;
+
+    memset(&o, 0, sizeof o);
+    if (argc >= 1 && strcmp(argv[0], "demo-consumer") == 0) return demo_consumer_main(argc, argv);
+    if (parse(argc, argv, &o) != CLI_OK || choose_driver(&o) != CLI_OK) return CLI_ERROR;
+    printf("vmmt demo: driver %s, %d device(s), %d consumer process(es), %u buffers of %" PRIu64
+           " bytes\n",
+           o.driver, o.devices, o.consumers, o.count, o.size);
+    fflush(stdout);
+    rc = setup(&o);
+    if (rc == CLI_OK) rc = run(&o, &elapsed);
+    bad = reap(&o);
+    drained = o.pool != NULL && vmmt_pool_drain(o.pool, 10000) == VMMT_OK;
+    if (o.pool != NULL && !drained) printf("vmmt demo: %s\n", vmmt_last_error());
+    if (o.pool != NULL && rc != CLI_ERROR) summary(&o, elapsed, drained, bad);
+    cleanup(&o);
+    if (rc == CLI_ERROR) return CLI_ERROR;
+    return rc == CLI_OK && drained && bad == 0 && o.mismatched == 0 ? CLI_OK : CLI_FAIL;
 }

@@ -27,7 +27,8 @@ int main(int argc, char **argv)
         return CLI_ERROR;
     }
     if (strcmp(argv[1], "probe") == 0) return cmd_probe(argc - 1, argv + 1);
-    if (strcmp(argv[1], "demo") == 0) return cmd_demo(argc - 1, argv + 1);
+    if (strcmp(argv[1], "demo") == 0 || strcmp(argv[1], "demo-consumer") == 0)
+        return cmd_demo(argc - 1, argv + 1);
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
         printf("vmmt %s\n", VMMT_VERSION_STRING);
         return CLI_OK;

@@ -1,0 +1,465 @@
+/*
+ * The producer pool's life cycle: configuration, handle type, layout,
+ * allocation and export, the hand-off mode, and shutdown in reverse order.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "ctrl.h"
+#include "driver.h"
+#include "pool_internal.h"
+#include "status.h"
+
+#define DEFAULT_SLICES 4096
+#define MAX_SLICES (1u << 20)
+
+const char *vmmt_handoff_name(vmmt_handoff mode)
+{
+    switch (mode) {
+    case VMMT_HANDOFF_AUTO: return "auto";
+    case VMMT_HANDOFF_STREAM: return "stream-ordered";
+    case VMMT_HANDOFF_SYNC: return "synchronous";
+    }
+    return "unknown";
+}
+
+void vmmt_pool_config_init(vmmt_pool_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->max_slices = DEFAULT_SLICES;
+    c->recycle_interval_us = 1000;
+    c->handle_type = VMMT_HANDLE_AUTO;
+    c->allow_posix_fallback = 1;
+    c->handoff = VMMT_HANDOFF_AUTO;
+    c->timeout_ms = 5000;
+}
+
+static int check_config(const vmmt_pool_config *c)
+{
+    if (c->memory_size == 0) return vmmt__fail(VMMT_EINVAL, "memory_size must be positive");
+    if (c->consumer_count <= 0) return vmmt__fail(VMMT_EINVAL, "consumer_count must be positive");
+    if (c->consumer_count > VMMT__MAX_CONSUMERS)
+        return vmmt__fail(VMMT_EINVAL, "consumer_count=%d is more than the %d a pool supports",
+                          c->consumer_count, VMMT__MAX_CONSUMERS);
+    if (c->recycle_interval_us == 0)
+        return vmmt__fail(VMMT_EINVAL, "recycle_interval must be positive");
+    if (c->max_slices == 0 || c->max_slices > MAX_SLICES)
+        return vmmt__fail(VMMT_EINVAL, "max_slices=%u must be between 1 and %u", c->max_slices,
+                          MAX_SLICES);
+    if (c->timeout_ms <= 0) return vmmt__fail(VMMT_EINVAL, "timeout_ms must be positive");
+    if (c->handle_type == VMMT_HANDLE_NONE)
+        return vmmt__fail(VMMT_EINVAL,
+                          "handle_type=none cannot be shared with other processes; use auto, "
+                          "posix_fd or fabric");
+    if (c->broker_path != NULL && strlen(c->broker_path) > 107)
+        return vmmt__fail(VMMT_EINVAL, "broker_path is %zu bytes; a Unix socket path holds at "
+                                       "most 107",
+                          strlen(c->broker_path));
+    if (c->handoff != VMMT_HANDOFF_AUTO && c->handoff != VMMT_HANDOFF_STREAM &&
+        c->handoff != VMMT_HANDOFF_SYNC)
+        return vmmt__fail(VMMT_EINVAL, "handoff=%d is not a hand-off mode", (int)c->handoff);
+    return VMMT_OK;
+}
+
+/* The type to try first: the configured one, or the probe's choice. */
+static int pick_type(struct vmmt_pool *p)
+{
+    vmmt_device_probe probe;
+    int st;
+
+    if (p->cfg.handle_type != VMMT_HANDLE_AUTO) {
+        p->type = p->cfg.handle_type;
+        return VMMT_OK;
+    }
+    st = vmmt_select_handle_type(p->device, &p->type);
+    if (st == VMMT_OK && p->type == VMMT_HANDLE_NONE) {
+        vmmt_probe_device(p->device, &probe);
+        st = vmmt__fail(VMMT_ENOTSUP, "VMMT_HANDLE_TYPE=none cannot be shared between processes");
+    }
+    return st;
+}
+
+/* Create the allocation; FABRIC that fails falls back to POSIX_FD if allowed. */
+static int allocate(struct vmmt_pool *p)
+{
+    size_t gmin = 0, grec = 0;
+    uint64_t size;
+    int st;
+
+    st = vmmt__granularity(p->device, p->type, &gmin, &grec);
+    if (st == VMMT_OK) st = vmmt__size_policy(p->cfg.memory_size, gmin, p->cfg.round_up, &size);
+    if (st != VMMT_OK) return st;
+    st = vmmt__mapping_create(p->device, size, p->type, 0, &p->map);
+    if (st == VMMT_OK || p->type != VMMT_HANDLE_FABRIC) return st;
+    if (!p->cfg.allow_posix_fallback)
+        return vmmt__wrap(st, "the pool requires FABRIC handles and POSIX_FD fallback is not "
+                              "allowed (set allow_posix_fallback to share within this node)");
+    vmmt__log(VMMT_LOG_WARN, "FABRIC allocation failed (%s); falling back to POSIX_FD: buffers "
+                             "can be shared within this node only",
+              vmmt_last_error());
+    p->type = VMMT_HANDLE_POSIX_FD;
+    p->fell_back = 1;
+    return allocate(p);
+}
+
+static int layout(struct vmmt_pool *p)
+{
+    uint64_t data;
+
+    p->slots = p->cfg.max_slices;
+    p->stride = vmmt__ctrl_stride((uint32_t)p->cfg.consumer_count);
+    p->table_bytes = (uint64_t)p->slots * p->stride;
+    if (vmmt__align_up(p->table_bytes, VMMT__DATA_ALIGN, &data) != VMMT_OK) return VMMT_EINVAL;
+    p->data_offset = data;
+    if (p->data_offset + VMMT__DATA_ALIGN > p->map.size)
+        return vmmt__fail(VMMT_EINVAL,
+                          "memory_size=%" PRIu64 " leaves no room for data after the control "
+                          "table (%u slots x %u bytes); raise memory_size or lower max_slices",
+                          p->map.size, p->slots, p->stride);
+    return vmmt__slab_create(p->map.size - p->data_offset, p->slots, &p->slab);
+}
+
+static int alloc_host_state(struct vmmt_pool *p)
+{
+    p->slot = calloc(p->slots, sizeof *p->slot);
+    p->free_slots = malloc(p->slots * sizeof *p->free_slots);
+    if (p->slot == NULL || p->free_slots == NULL)
+        return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slots", p->slots);
+    /* Low slot numbers on top, so a quiet pool touches few table rows. */
+    for (uint32_t i = 0; i < p->slots; i++) p->free_slots[i] = p->slots - 1 - i;
+    p->free_count = p->slots;
+    return VMMT_OK;
+}
+
+/* Stream, pinned table copy, zeroed table on the device. */
+static int setup_stream(struct vmmt_pool *p)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    int st;
+
+    st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
+    if (st != VMMT_OK) return st;
+    st = VMMT_CU(d, cuMemAllocHost((void **)&p->table_host, p->table_bytes));
+    if (st != VMMT_OK) return st;
+    st = VMMT_CU(d, cuMemsetD8Async(p->map.base, 0, p->table_bytes, p->stream));
+    if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
+    return st;
+}
+
+/*
+ * Can a consumer's stream wait on a word of the imported pool? Try exactly
+ * that in this process: import our own export and wait on its first ready
+ * word, which is already satisfied.
+ */
+static vmmt_handoff probe_handoff(struct vmmt_pool *p, int fd)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    struct vmmt__saved_error e;
+    struct vmmt__mapping m;
+    int st;
+
+    vmmt__error_save(&e);
+    if (p->type == VMMT_HANDLE_FABRIC)
+        st = vmmt__mapping_import_fabric(p->device, &p->fabric, p->map.size, &m);
+    else
+        st = vmmt__mapping_import_posix_fd(p->device, fd, p->map.size, &m);
+    if (st == VMMT_OK) {
+        st = VMMT_CU(d, cuStreamWaitValue32(p->stream, m.base, 0, CU_STREAM_WAIT_VALUE_GEQ));
+        if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
+        if (st != VMMT_OK)
+            vmmt__log(VMMT_LOG_INFO, "stream wait on imported memory refused (%s); publishes "
+                                     "will synchronize",
+                      vmmt_last_error());
+        vmmt__mapping_release(&m);
+    }
+    vmmt__error_restore(&e);
+    return st == VMMT_OK ? VMMT_HANDOFF_STREAM : VMMT_HANDOFF_SYNC;
+}
+
+static int start_broker(struct vmmt_pool *p, int fd)
+{
+    struct vmmt__broker_config bc;
+
+    memset(&bc, 0, sizeof bc);
+    bc.path = p->cfg.broker_path;
+    bc.allowed_uids = (const uid_t *)p->allowed_uids;
+    bc.allowed_count = p->cfg.allowed_uid_count;
+    bc.timeout_ms = p->cfg.timeout_ms;
+    return vmmt__broker_start(fd, p->tmpl.pool_id, &bc, &p->broker);
+}
+
+/* Export, decide the hand-off, start the broker: the exported fd never outlives this call. */
+static int share(struct vmmt_pool *p)
+{
+    int fd = -1, st;
+
+    if (p->type == VMMT_HANDLE_FABRIC) {
+        st = vmmt__export_fabric(p->map.handle, &p->fabric);
+        if (st != VMMT_OK) return st;
+        p->handoff = p->cfg.handoff ? p->cfg.handoff : probe_handoff(p, -1);
+        return VMMT_OK;
+    }
+    st = vmmt__export_posix_fd(p->map.handle, &fd);
+    if (st != VMMT_OK) return st;
+    p->handoff = p->cfg.handoff ? p->cfg.handoff : probe_handoff(p, fd);
+    st = start_broker(p, fd);
+    close(fd);
+    return st;
+}
+
+static void fill_template(struct vmmt_pool *p)
+{
+    struct vmmt__desc *t = &p->tmpl;
+    const struct vmmt__broker_addr *a;
+
+    t->handle_type = (uint32_t)p->type;
+    t->flags = p->handoff == VMMT_HANDOFF_STREAM ? VMMT__DESC_STREAM_ORDERED : 0;
+    if (p->type == VMMT_HANDLE_FABRIC) {
+        memcpy(t->fabric, p->fabric.data, sizeof t->fabric);
+    } else {
+        a = vmmt__broker_address(p->broker);
+        memcpy(&t->broker, a, sizeof t->broker);
+    }
+    t->producer_device = p->device;
+    t->producer_pid = (int32_t)getpid();
+    t->consumer_count = (uint32_t)p->cfg.consumer_count;
+    t->alloc_size = p->map.size;
+    t->table_offset = 0;
+    t->table_slots = p->slots;
+    t->slot_stride = p->stride;
+    t->data_offset = p->data_offset;
+}
+
+static int copy_config(struct vmmt_pool *p, const vmmt_pool_config *c)
+{
+    p->cfg = *c;
+    if (c->broker_path != NULL) {
+        snprintf(p->broker_path, sizeof p->broker_path, "%s", c->broker_path);
+        p->cfg.broker_path = p->broker_path;
+    }
+    if (c->allowed_uid_count > 0) {
+        p->allowed_uids = malloc(c->allowed_uid_count * sizeof *p->allowed_uids);
+        if (p->allowed_uids == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory");
+        memcpy(p->allowed_uids, c->allowed_uids, c->allowed_uid_count * sizeof *p->allowed_uids);
+        p->cfg.allowed_uids = p->allowed_uids;
+    }
+    p->device = c->device;
+    if (getrandom(p->tmpl.pool_id, sizeof p->tmpl.pool_id, 0) != (ssize_t)sizeof p->tmpl.pool_id)
+        return vmmt__sys_fail("getrandom for the pool id");
+    return VMMT_OK;
+}
+
+/* Undo whatever part of creation succeeded; used by create and shutdown alike. */
+static void release_all(struct vmmt_pool *p)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    struct vmmt__saved_error e;
+
+    vmmt__error_save(&e);
+    vmmt__recycler_stop(p);
+    vmmt__broker_stop(p->broker);
+    p->broker = NULL;
+    if (d != NULL && vmmt__ctx_enter(p->device) == VMMT_OK) {
+        if (p->stream != NULL) {
+            d->cuStreamSynchronize(p->stream);
+            d->cuStreamDestroy(p->stream);
+            p->stream = NULL;
+        }
+        if (p->table_host != NULL) d->cuMemFreeHost(p->table_host);
+        p->table_host = NULL;
+        if (vmmt__mapping_release(&p->map) != VMMT_OK)
+            vmmt__log(VMMT_LOG_ERROR, "releasing the pool's device memory failed: %s",
+                      vmmt_last_error());
+        vmmt__ctx_leave();
+    }
+    vmmt__slab_destroy(p->slab);
+    p->slab = NULL;
+    vmmt__error_restore(&e);
+}
+
+static void free_pool(struct vmmt_pool *p)
+{
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->changed);
+    pthread_mutex_destroy(&p->reclaim_lock);
+    pthread_mutex_destroy(&p->lock);
+    free(p->slot);
+    free(p->free_slots);
+    free(p->allowed_uids);
+    free(p);
+}
+
+static struct vmmt_pool *new_pool(void)
+{
+    struct vmmt_pool *p = calloc(1, sizeof *p);
+    pthread_condattr_t ca;
+
+    if (p == NULL) return NULL;
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->reclaim_lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->changed, &ca);
+    pthread_cond_init(&p->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    return p;
+}
+
+static int create_steps(struct vmmt_pool *p)
+{
+    int st;
+
+    st = pick_type(p);
+    if (st == VMMT_OK) st = allocate(p);
+    if (st == VMMT_OK) st = layout(p);
+    if (st == VMMT_OK) st = alloc_host_state(p);
+    if (st == VMMT_OK) st = setup_stream(p);
+    if (st == VMMT_OK) st = share(p);
+    if (st == VMMT_OK) fill_template(p);
+    if (st == VMMT_OK) st = vmmt__recycler_start(p);
+    return st;
+}
+
+int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **out)
+{
+    struct vmmt_pool *p;
+    int st;
+
+    if (config == NULL || out == NULL)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_pool_create: config and out must not be NULL");
+    *out = NULL;
+    st = check_config(config);
+    if (st != VMMT_OK) return vmmt__wrap(st, "creating a vmmt pool");
+    p = new_pool();
+    if (p == NULL) return vmmt__fail(VMMT_ENOMEM, "creating a vmmt pool: no host memory");
+    st = copy_config(p, config);
+    if (st == VMMT_OK) st = vmmt__ctx_enter(p->device);
+    if (st != VMMT_OK) goto fail_free;
+    st = create_steps(p);
+    vmmt__ctx_leave();
+    if (st != VMMT_OK) goto fail_release;
+    vmmt__log(VMMT_LOG_INFO, "pool on device %d: %" PRIu64 " bytes, %s handles, %s hand-off, %u "
+                             "slots for %d consumer(s)",
+              p->device, p->map.size, vmmt_handle_type_name(p->type),
+              vmmt_handoff_name(p->handoff), p->slots, p->cfg.consumer_count);
+    *out = p;
+    return VMMT_OK;
+
+fail_release:
+    release_all(p);
+fail_free:
+    free_pool(p);
+    return vmmt__wrap(st, "creating a vmmt pool of %" PRIu64 " bytes on device %d",
+                      config->memory_size, config->device);
+}
+
+int vmmt__pool_check_usable(struct vmmt_pool *p)
+{
+    if (p->failed)
+        return vmmt__fail(VMMT_EFAILED,
+                          "the pool is unusable after an earlier failure (%s); destroy it and "
+                          "create a new one",
+                          p->failure);
+    if (p->closing) return vmmt__fail(VMMT_ECLOSED, "the pool is shut down");
+    return VMMT_OK;
+}
+
+void vmmt__pool_quarantine(struct vmmt_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    if (!p->failed) {
+        p->failed = 1;
+        snprintf(p->failure, sizeof p->failure, "%s", vmmt_last_error());
+    }
+    pthread_cond_broadcast(&p->changed);
+    pthread_mutex_unlock(&p->lock);
+    vmmt__log(VMMT_LOG_ERROR, "pool quarantined: %s", vmmt_last_error());
+}
+
+static int wait_publishers(struct vmmt_pool *p)
+{
+    struct timespec until;
+    int st = VMMT_OK;
+
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += p->cfg.timeout_ms / 1000;
+    until.tv_nsec += (long)(p->cfg.timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&p->lock);
+    p->closing = 1;
+    while (p->active > 0 && st == VMMT_OK)
+        if (pthread_cond_timedwait(&p->changed, &p->lock, &until) != 0 && p->active > 0)
+            st = vmmt__fail(VMMT_ETIMEDOUT,
+                            "shutdown waited %d ms for %d publish call(s) in progress; call "
+                            "vmmt_pool_shutdown again once they return",
+                            p->cfg.timeout_ms, p->active);
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+int vmmt_pool_shutdown(vmmt_pool *p)
+{
+    int st;
+
+    if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_shutdown: pool is NULL");
+    pthread_mutex_lock(&p->lock);
+    if (p->closed) {
+        pthread_mutex_unlock(&p->lock);
+        return VMMT_OK;
+    }
+    pthread_mutex_unlock(&p->lock);
+    st = wait_publishers(p);
+    if (st != VMMT_OK) return st;
+    release_all(p);
+    pthread_mutex_lock(&p->lock);
+    p->closed = 1;
+    pthread_mutex_unlock(&p->lock);
+    return VMMT_OK;
+}
+
+void vmmt_pool_destroy(vmmt_pool *p)
+{
+    if (p == NULL) return;
+    if (vmmt_pool_shutdown(p) != VMMT_OK) {
+        /* Publishers still inside the pool would touch freed memory: keep it. */
+        vmmt__log(VMMT_LOG_ERROR, "vmmt_pool_destroy: %s; the pool is leaked rather than freed "
+                                  "under active callers",
+                  vmmt_last_error());
+        return;
+    }
+    free_pool(p);
+}
+
+int vmmt_pool_get_stats(vmmt_pool *p, vmmt_pool_stats *out)
+{
+    struct vmmt__broker_stats bs;
+
+    if (p == NULL || out == NULL)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_pool_get_stats: pool and out must not be NULL");
+    memset(out, 0, sizeof *out);
+    memset(&bs, 0, sizeof bs);
+    pthread_mutex_lock(&p->lock);
+    out->handle_type = p->type;
+    out->handoff = p->handoff;
+    out->fell_back_to_posix = p->fell_back;
+    out->allocation_size = p->map.size;
+    out->table_bytes = p->table_bytes;
+    out->data_bytes = p->map.size - p->data_offset;
+    out->slots = p->slots;
+    out->in_flight = p->in_flight;
+    out->in_flight_bytes = p->in_flight_bytes;
+    out->published = p->published;
+    out->recycled = p->recycled;
+    out->cancelled = p->cancelled;
+    out->full = p->full;
+    out->reclaims = p->reclaims;
+    if (p->broker != NULL) vmmt__broker_stats(p->broker, &bs);
+    pthread_mutex_unlock(&p->lock);
+    out->broker_served = bs.served;
+    out->broker_refused = bs.refused_peer + bs.refused_pool;
+    return VMMT_OK;
+}

@@ -1,0 +1,82 @@
+/*
+ * The producer's pool, shared by pool.c (life cycle), publish.c (publish and
+ * cancel) and recycle.c (the recycler).
+ */
+#ifndef VMMT_POOL_INTERNAL_H
+#define VMMT_POOL_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "broker.h"
+#include "cuabi.h"
+#include "desc.h"
+#include "slab.h"
+#include "vmm.h"
+#include "vmmt.h"
+
+enum slot_state { SLOT_FREE, SLOT_PUBLISHING, SLOT_IN_FLIGHT, SLOT_CANCELLED };
+
+struct vmmt__slot {
+    uint32_t generation;
+    uint8_t state;
+    uint64_t slice_offset; /* relative to the data region, as the slab sees it */
+    uint64_t slice_bytes;
+};
+
+struct vmmt_pool {
+    vmmt_pool_config cfg; /* broker_path and allowed_uids point into this object */
+    char broker_path[108];
+    uint32_t *allowed_uids;
+    int device;
+    vmmt_handle_type type;
+    vmmt_handoff handoff;
+    int fell_back;
+
+    struct vmmt__mapping map;
+    struct vmmt__broker *broker;
+    CUmemFabricHandle fabric;
+    struct vmmt__desc tmpl; /* pool-wide descriptor fields */
+
+    uint32_t slots, stride;
+    uint64_t table_bytes, data_offset;
+    struct vmmt__slab *slab;
+    struct vmmt__slot *slot;
+    uint32_t *free_slots; /* stack of free slot numbers */
+    uint32_t free_count;
+
+    pthread_mutex_t lock; /* slots, slab, counters, state below */
+    pthread_cond_t changed; /* publishers finished, slices recycled */
+    int closing, closed, active;
+    int failed;
+    char failure[1024];
+    int warned_full;
+
+    /* Recycler: one thread, one stream, one pinned copy of the table. */
+    pthread_mutex_t reclaim_lock; /* one table read at a time */
+    pthread_cond_t wake;
+    pthread_t thread;
+    int thread_started, stop;
+    CUstream stream;
+    uint32_t *table_host;
+
+    uint32_t in_flight;
+    uint64_t in_flight_bytes;
+    uint64_t published, recycled, cancelled, full, reclaims;
+};
+
+/* Fail with VMMT_EFAILED / VMMT_ECLOSED if the pool cannot take calls; lock held. */
+int vmmt__pool_check_usable(struct vmmt_pool *p);
+
+/* Record an uncertain failure: every later call returns VMMT_EFAILED with it. */
+void vmmt__pool_quarantine(struct vmmt_pool *p);
+
+/* Recycler (recycle.c). */
+int vmmt__recycler_start(struct vmmt_pool *p);
+void vmmt__recycler_stop(struct vmmt_pool *p);
+int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed);
+
+/* Return a slot and its slice to the free lists; lock held. */
+void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot);
+
+#endif

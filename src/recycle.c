@@ -1,0 +1,187 @@
+/*
+ * Recycling: a slice is free again once its ready word and every consumer's
+ * acknowledgement word hold the slot's current generation. The whole control
+ * table comes to the host in one copy, whatever the number of slices in
+ * flight. A background thread does this while anything is in flight; a
+ * publish that finds no room does it at once.
+ */
+#include <errno.h>
+#include <time.h>
+
+#include "ctrl.h"
+#include "driver.h"
+#include "pool_internal.h"
+#include "status.h"
+
+void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot)
+{
+    struct vmmt__slot *s = &p->slot[slot];
+
+    /* The offset came from this slab, so freeing it cannot fail. */
+    (void)vmmt__slab_free(p->slab, s->slice_offset);
+    s->state = SLOT_FREE;
+    p->free_slots[p->free_count++] = slot;
+}
+
+static int row_done(const struct vmmt_pool *p, uint32_t slot, uint32_t gen, int need_acks)
+{
+    const uint32_t *row = p->table_host + (size_t)slot * (p->stride / 4);
+
+    if (row[0] != gen) return 0; /* the producer's copy has not finished */
+    if (!need_acks) return 1;
+    for (int r = 0; r < p->cfg.consumer_count; r++)
+        if (row[1 + r] != gen) return 0;
+    return 1;
+}
+
+/* Free every slot the snapshot shows finished; lock held. */
+static uint32_t sweep(struct vmmt_pool *p)
+{
+    uint32_t freed = 0;
+
+    for (uint32_t i = 0; i < p->slots && p->in_flight > 0; i++) {
+        struct vmmt__slot *s = &p->slot[i];
+        if (s->state != SLOT_IN_FLIGHT && s->state != SLOT_CANCELLED) continue;
+        if (!row_done(p, i, s->generation, s->state == SLOT_IN_FLIGHT)) continue;
+        p->in_flight--;
+        p->in_flight_bytes -= s->slice_bytes;
+        if (s->state == SLOT_IN_FLIGHT) p->recycled++;
+        vmmt__slot_release(p, i);
+        freed++;
+    }
+    return freed;
+}
+
+static int read_table(struct vmmt_pool *p)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    int st;
+
+    st = vmmt__ctx_enter(p->device);
+    if (st != VMMT_OK) return st;
+    st = VMMT_CU(d, cuMemcpyDtoHAsync(p->table_host, p->map.base, p->table_bytes, p->stream));
+    if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
+    vmmt__ctx_leave();
+    return st == VMMT_OK ? st : vmmt__wrap(st, "reading the pool's control table");
+}
+
+int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed)
+{
+    uint32_t n = 0;
+    int st = VMMT_OK, busy;
+
+    pthread_mutex_lock(&p->reclaim_lock);
+    pthread_mutex_lock(&p->lock);
+    busy = p->in_flight > 0 && p->table_host != NULL;
+    pthread_mutex_unlock(&p->lock);
+    if (busy) st = read_table(p);
+    if (busy && st == VMMT_OK) {
+        pthread_mutex_lock(&p->lock);
+        p->reclaims++;
+        n = sweep(p);
+        if (n > 0) pthread_cond_broadcast(&p->changed);
+        pthread_mutex_unlock(&p->lock);
+    }
+    pthread_mutex_unlock(&p->reclaim_lock);
+    if (freed != NULL) *freed = n;
+    return st;
+}
+
+int vmmt_pool_reclaim(vmmt_pool *p, uint32_t *freed)
+{
+    int st;
+
+    if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_reclaim: pool is NULL");
+    pthread_mutex_lock(&p->lock);
+    st = vmmt__pool_check_usable(p);
+    pthread_mutex_unlock(&p->lock);
+    return st == VMMT_OK ? vmmt__pool_reclaim(p, freed) : st;
+}
+
+static void deadline_after(struct timespec *t, long us)
+{
+    clock_gettime(CLOCK_MONOTONIC, t);
+    t->tv_nsec += us * 1000L;
+    t->tv_sec += t->tv_nsec / 1000000000L;
+    t->tv_nsec %= 1000000000L;
+}
+
+static void *recycler_main(void *arg)
+{
+    struct vmmt_pool *p = arg;
+    struct timespec next;
+
+    pthread_mutex_lock(&p->lock);
+    while (!p->stop) {
+        if (p->in_flight == 0 || p->failed) {
+            pthread_cond_wait(&p->wake, &p->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&p->lock);
+        if (vmmt__pool_reclaim(p, NULL) != VMMT_OK)
+            vmmt__log(VMMT_LOG_WARN, "background recycling: %s", vmmt_last_error());
+        pthread_mutex_lock(&p->lock);
+        deadline_after(&next, (long)p->cfg.recycle_interval_us);
+        while (!p->stop && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
+            ;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+int vmmt__recycler_start(struct vmmt_pool *p)
+{
+    int err = pthread_create(&p->thread, NULL, recycler_main, p);
+
+    if (err != 0) {
+        errno = err;
+        return vmmt__sys_fail("starting the pool's recycler thread");
+    }
+    p->thread_started = 1;
+    return VMMT_OK;
+}
+
+void vmmt__recycler_stop(struct vmmt_pool *p)
+{
+    if (!p->thread_started) return;
+    pthread_mutex_lock(&p->lock);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+    pthread_join(p->thread, NULL);
+    p->thread_started = 0;
+}
+
+int vmmt_pool_drain(vmmt_pool *p, int timeout_ms)
+{
+    struct timespec until, pause = {0, 50000};
+    int st;
+
+    if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_drain: pool is NULL");
+    deadline_after(&until, (long)timeout_ms * 1000L);
+    for (;;) {
+        struct timespec now;
+        pthread_mutex_lock(&p->lock);
+        st = p->failed ? vmmt__pool_check_usable(p) : VMMT_OK;
+        if (st == VMMT_OK && p->in_flight == 0) {
+            pthread_mutex_unlock(&p->lock);
+            return VMMT_OK;
+        }
+        pthread_mutex_unlock(&p->lock);
+        if (st != VMMT_OK) return st;
+        st = vmmt__pool_reclaim(p, NULL);
+        if (st != VMMT_OK) return st;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > until.tv_sec ||
+            (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec))
+            break;
+        nanosleep(&pause, NULL);
+    }
+    pthread_mutex_lock(&p->lock);
+    st = vmmt__fail(VMMT_ETIMEDOUT,
+                    "pool still has %u slice(s) in flight after %d ms; a consumer has not "
+                    "acknowledged (is it alive, and does it consume every descriptor?)",
+                    p->in_flight, timeout_ms);
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}

@@ -1,0 +1,40 @@
+/* Known buffer contents for transport tests: byte j of buffer i. */
+#ifndef VMMT_PATTERN_H
+#define VMMT_PATTERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+static inline uint8_t tu_pattern_byte(uint32_t buffer, size_t j)
+{
+    return (uint8_t)(j * 13u + buffer * 7u + 3u);
+}
+
+static inline void tu_pattern_fill(uint8_t *p, size_t n, uint32_t buffer)
+{
+    for (size_t j = 0; j < n; j++) p[j] = tu_pattern_byte(buffer, j);
+}
+
+/* Index of the first wrong byte, or n when all match. */
+static inline size_t tu_pattern_check(const uint8_t *p, size_t n, uint32_t buffer)
+{
+    for (size_t j = 0; j < n; j++)
+        if (p[j] != tu_pattern_byte(buffer, j)) return j;
+    return n;
+}
+
+/* One message on the test's descriptor socket. */
+struct tu_msg {
+    uint32_t index; /* UINT32_MAX: no more buffers */
+    uint32_t pad;
+    uint8_t desc[512];
+};
+
+/* The consumer's answer for one buffer. */
+struct tu_reply {
+    uint32_t index;
+    int32_t status; /* vmmt status of the consume */
+    uint64_t first_bad; /* == nbytes when every byte matched */
+};
+
+#endif
