@@ -37,7 +37,7 @@
 #define REPLY_MAX         (REPLY_HEAD + REPLY_MSG_MAX)
 #define CLIENT_MAX_FDS    8 /* fds a client is ready to receive (and close) in one reply */
 #define STOP_JOIN_MS      5000
-#define ACCEPT_BACKOFF_MS 100 /* after EMFILE: the listener stays readable, so do not spin */
+#define ACCEPT_BACKOFF_MS 100
 
 static const char REQ_MAGIC[4] = {'V', 'M', 'B', 'Q'};
 static const char REPLY_MAGIC[4] = {'V', 'M', 'B', 'R'};
@@ -347,14 +347,14 @@ static void accept_new(struct vmmt__broker *b, int64_t now)
             continue;
         }
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            vmmt__log(VMMT_LOG_WARN,
-                      "fd broker: cannot accept a client: %s; retrying in %d ms (raise the "
-                      "open-file limit if this persists)",
-                      strerror(errno), ACCEPT_BACKOFF_MS);
-            b->accept_resume = now + ACCEPT_BACKOFF_MS;
-        }
-        return; /* EAGAIN: nothing more waiting */
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        /* EMFILE and friends leave the listener readable: back off instead of spinning. */
+        vmmt__log(VMMT_LOG_WARN,
+                  "fd broker: cannot accept a client: %s; retrying in %d ms (raise the "
+                  "open-file limit if this persists)",
+                  strerror(errno), ACCEPT_BACKOFF_MS);
+        b->accept_resume = now + ACCEPT_BACKOFF_MS;
+        return;
     }
 }
 
@@ -403,7 +403,7 @@ static bool serve_round(struct vmmt__broker *b)
     }
     if (pfd[0].revents != 0 && r > 0) return false;
     now = now_ms();
-    /* Walk backwards: drop_conn moves the last entry into the freed slot. */
+    /* drop_conn reorders the table, so find each connection again by its fd. */
     for (int i = n - 1; i >= 0; i--) {
         if (r <= 0 || pfd[2 + i].revents == 0) continue;
         int j = b->nconns - 1;
