@@ -1,0 +1,67 @@
+/*
+ * The file-descriptor broker: a producer serves its pool's exported POSIX fd
+ * to consumer processes over an AF_UNIX SOCK_SEQPACKET socket (SCM_RIGHTS),
+ * after checking each peer's credentials. Protocol and security model:
+ * docs/broker.md.
+ */
+#ifndef VMMT_BROKER_H
+#define VMMT_BROKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "broker_addr.h"
+
+#define VMMT_BROKER_ADDR_ABSTRACT 0
+#define VMMT_BROKER_ADDR_PATH     1
+
+#define VMMT_BROKER_DEFAULT_TIMEOUT_MS 2000
+#define VMMT_BROKER_MAX_PENDING        64
+
+struct vmmt__broker_config {
+    const char *path;          /* NULL: an unguessable abstract name; else a filesystem path */
+    const uid_t *allowed_uids; /* NULL: only the producer's own effective uid (root is NOT
+                                  implicitly allowed) */
+    size_t allowed_count;
+    int timeout_ms; /* per-connection deadline; 0 means default 2000 */
+};
+
+struct vmmt__broker;
+
+/*
+ * Serve `fd` (dup'ed; the broker owns its copy) to clients that name
+ * `pool_id`. cfg may be NULL for the defaults. Starts one thread.
+ */
+int vmmt__broker_start(int fd, const uint8_t pool_id[16], const struct vmmt__broker_config *cfg,
+                       struct vmmt__broker **out);
+
+const struct vmmt__broker_addr *vmmt__broker_address(const struct vmmt__broker *b);
+
+/* Stops the thread (bounded time), closes everything, unlinks a path socket. NULL is a no-op. */
+void vmmt__broker_stop(struct vmmt__broker *b);
+
+/*
+ * Client: connect, ask for pool_id, receive the fd (CLOEXEC) in *fd_out.
+ * Never waits beyond timeout_ms (0 means the default 2000). *fd_out is -1 on
+ * failure.
+ */
+int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
+                       int timeout_ms, int *fd_out);
+
+/* Counters for stats and tests. */
+struct vmmt__broker_stats {
+    uint64_t served, refused_peer, refused_pool, timed_out, malformed;
+};
+void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats *out);
+
+/*
+ * The address as people write it: "@name" for an abstract name, the path
+ * otherwise; bytes that are not printable ASCII appear as \xNN. Returns buf.
+ */
+const char *vmmt__broker_addr_format(const struct vmmt__broker_addr *addr, char *buf, size_t cap);
+
+/* The reverse of vmmt__broker_addr_format for printable names: "@name" or a path. */
+int vmmt__broker_addr_parse(const char *text, struct vmmt__broker_addr *out);
+
+#endif

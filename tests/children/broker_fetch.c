@@ -1,0 +1,92 @@
+/*
+ * Fetches a pool's fd from a broker in a process of its own, optionally as
+ * another user, so tests see what a real consumer sees.
+ *
+ *   broker_fetch ADDRESS POOL_HEX32 UID write
+ *       fetch, then write "written by child" at offset 0 of the fd
+ *   broker_fetch ADDRESS POOL_HEX32 UID expect STATUS TEXT
+ *       the fetch must fail with STATUS and a message containing TEXT
+ *
+ * UID is -1 to keep the current user; otherwise the child drops to it first
+ * (which needs root). Exit status 0 means the expectation held.
+ */
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "status.h"
+
+static int parse_pool(const char *hex, uint8_t id[16])
+{
+    if (strlen(hex) != 32) return -1;
+    for (int i = 0; i < 16; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
+        id[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
+static int drop_to(long uid)
+{
+    if (uid < 0) return 0;
+    if (setgroups(0, NULL) != 0 || setgid((gid_t)uid) != 0 || setuid((uid_t)uid) != 0) {
+        perror("broker_fetch: dropping privileges");
+        return -1;
+    }
+    return 0;
+}
+
+static int do_write(const struct vmmt__broker_addr *addr, const uint8_t id[16])
+{
+    static const char text[] = "written by child";
+    int fd = -1;
+    int st = vmmt__broker_fetch(addr, id, 3000, &fd);
+
+    if (st != VMMT_OK) {
+        fprintf(stderr, "broker_fetch: %d: %s\n", st, vmmt_last_error());
+        return 1;
+    }
+    if (pwrite(fd, text, sizeof text, 0) != (ssize_t)sizeof text) {
+        perror("broker_fetch: pwrite");
+        return 1;
+    }
+    close(fd);
+    return 0;
+}
+
+static int do_expect(const struct vmmt__broker_addr *addr, const uint8_t id[16], int want,
+                     const char *text)
+{
+    int fd = -1;
+    int st = vmmt__broker_fetch(addr, id, 3000, &fd);
+
+    if (st != want || fd != -1 || strstr(vmmt_last_error(), text) == NULL) {
+        fprintf(stderr, "broker_fetch: want %d with \"%s\", got %d fd %d: %s\n", want, text, st, fd,
+                vmmt_last_error());
+        if (fd >= 0) close(fd);
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct vmmt__broker_addr addr;
+    uint8_t id[16];
+
+    if (argc < 5 || vmmt__broker_addr_parse(argv[1], &addr) != VMMT_OK ||
+        parse_pool(argv[2], id) != 0) {
+        fprintf(stderr, "usage: broker_fetch ADDRESS POOL_HEX32 UID write|expect STATUS TEXT\n");
+        return 2;
+    }
+    if (drop_to(strtol(argv[3], NULL, 10)) != 0) return 3;
+    if (strcmp(argv[4], "write") == 0) return do_write(&addr, id);
+    if (strcmp(argv[4], "expect") == 0 && argc == 7)
+        return do_expect(&addr, id, atoi(argv[5]), argv[6]);
+    fprintf(stderr, "broker_fetch: unknown mode %s\n", argv[4]);
+    return 2;
+}

@@ -1,0 +1,814 @@
+/*
+ * The fd broker: serving in-process and to other processes, path sockets,
+ * refusals, hostile and stalled clients, fake servers, and no leaks.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "status.h"
+#include "testutil.h"
+
+static const uint8_t POOL[16] = {0xa1, 0xb2, 0xc3, 0xd4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+static const uint8_t OTHER[16] = {0x11, 0x22, 0x33, 0x44, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+static const char POOL_HEX[] = "a1b2c3d405060708090a0b0c0d0e0f10";
+
+/* ----------------------------------------------------------------- helpers */
+
+/*
+ * A joined thread lingers in /proc for a moment; the tests run between
+ * threads, so wait until only the main one is counted before the snapshot.
+ */
+static void take_resources(tu_resources *r)
+{
+    for (int i = 0; i < 200 && tu_count_threads() > 1; i++)
+        usleep(1000);
+    tu_resources_take(r);
+}
+
+/* tu_resources_check, saying first what changed. */
+#define check_resources(before) check_resources_(before, __FILE__, __LINE__)
+static void check_resources_(const tu_resources *before, const char *file, int line)
+{
+    tu_resources now;
+    for (int i = 0; i < 200; i++) {
+        tu_resources_take(&now);
+        if (now.threads <= before->threads) break;
+        usleep(1000);
+    }
+    if (now.fds != before->fds || now.maps != before->maps || now.threads != before->threads)
+        print_error("%s:%d: fds %d -> %d, mappings %d -> %d, threads %d -> %d\n", file, line,
+                    before->fds, now.fds, before->maps, now.maps, before->threads, now.threads);
+    tu_resources_check_(before, file, line);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int make_memfd(void)
+{
+    int fd = memfd_create("vmmt-test-pool", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    return fd;
+}
+
+static void assert_same_file(int a, int b)
+{
+    struct stat sa, sb;
+    assert_int_equal(fstat(a, &sa), 0);
+    assert_int_equal(fstat(b, &sb), 0);
+    assert_int_equal(sa.st_ino, sb.st_ino);
+    assert_int_equal(sa.st_dev, sb.st_dev);
+}
+
+static struct vmmt__broker *start_ok(int fd, const struct vmmt__broker_config *cfg)
+{
+    struct vmmt__broker *b = NULL;
+    assert_vmmt_ok(vmmt__broker_start(fd, POOL, cfg, &b));
+    assert_non_null(b);
+    return b;
+}
+
+static void fetch_same(const struct vmmt__broker *b, int pool_fd)
+{
+    int fd = -1;
+    assert_vmmt_ok(vmmt__broker_fetch(vmmt__broker_address(b), POOL, 2000, &fd));
+    assert_same_file(fd, pool_fd);
+    assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+    close(fd);
+}
+
+static socklen_t sockaddr_of(const struct vmmt__broker_addr *a, struct sockaddr_un *sun)
+{
+    memset(sun, 0, sizeof *sun);
+    sun->sun_family = AF_UNIX;
+    if (a->kind == VMMT_BROKER_ADDR_ABSTRACT) {
+        memcpy(sun->sun_path + 1, a->name, a->len);
+        return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + a->len);
+    }
+    memcpy(sun->sun_path, a->name, a->len);
+    return (socklen_t)sizeof *sun;
+}
+
+/* A client that speaks no protocol: connected, blocking, sends only what a test says. */
+static int raw_connect(const struct vmmt__broker_addr *a)
+{
+    struct sockaddr_un sun;
+    socklen_t sl = sockaddr_of(a, &sun);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(s >= 0);
+    assert_int_equal(connect(s, (struct sockaddr *)&sun, sl), 0);
+    return s;
+}
+
+/* Read until the broker's reply and hang-up; returns the reply's status, or 1 for none. */
+static int raw_read_reply(int s, int timeout_ms)
+{
+    uint8_t buf[256];
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    int32_t st = 1;
+
+    for (;;) {
+        assert_int_equal(poll(&p, 1, timeout_ms), 1);
+        ssize_t n = recv(s, buf, sizeof buf, 0);
+        if (n < 0 && errno == ECONNRESET) return (int)st;
+        assert_true(n >= 0);
+        if (n == 0) return (int)st;
+        assert_true(n >= 14);
+        assert_memory_equal(buf, "VMBR", 4);
+        memcpy(&st, buf + 8, 4); /* little-endian host */
+    }
+}
+
+/* Abstract address unique to this process and call, for fake servers. */
+static void test_addr(struct vmmt__broker_addr *a, const char *tag)
+{
+    static int seq;
+    char text[100];
+    snprintf(text, sizeof text, "@vmmt-test-%d-%s-%d", (int)getpid(), tag, seq++);
+    assert_vmmt_ok(vmmt__broker_addr_parse(text, a));
+}
+
+static int fake_listen(const struct vmmt__broker_addr *a)
+{
+    struct sockaddr_un sun;
+    socklen_t sl = sockaddr_of(a, &sun);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(s >= 0);
+    assert_int_equal(bind(s, (struct sockaddr *)&sun, sl), 0);
+    assert_int_equal(listen(s, 8), 0);
+    return s;
+}
+
+typedef uint64_t (*stat_pick)(const struct vmmt__broker_stats *);
+static uint64_t pick_served(const struct vmmt__broker_stats *s)
+{
+    return s->served;
+}
+static uint64_t pick_refused_peer(const struct vmmt__broker_stats *s)
+{
+    return s->refused_peer;
+}
+static uint64_t pick_refused_pool(const struct vmmt__broker_stats *s)
+{
+    return s->refused_pool;
+}
+static uint64_t pick_timed_out(const struct vmmt__broker_stats *s)
+{
+    return s->timed_out;
+}
+static uint64_t pick_malformed(const struct vmmt__broker_stats *s)
+{
+    return s->malformed;
+}
+
+/* The thread counts after it replies, so a client can be ahead of the counters: wait. */
+static void wait_stat(const struct vmmt__broker *b, stat_pick pick, uint64_t want, int ms)
+{
+    struct vmmt__broker_stats s;
+    int64_t end = now_ms() + ms;
+    do {
+        vmmt__broker_stats(b, &s);
+        if (pick(&s) >= want) return;
+        usleep(2000);
+    } while (now_ms() < end);
+    fail_msg("counter stayed at %llu, wanted %llu", (unsigned long long)pick(&s),
+             (unsigned long long)want);
+}
+
+static char *make_tmpdir(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "/tmp/vmmt-broker-XXXXXX");
+    assert_non_null(mkdtemp(buf));
+    return buf;
+}
+
+/* ------------------------------------------------------------------- tests */
+
+static void test_same_process(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker_stats s;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker *b = start_ok(pool_fd, NULL);
+    const struct vmmt__broker_addr *a = vmmt__broker_address(b);
+    assert_int_equal(a->kind, VMMT_BROKER_ADDR_ABSTRACT);
+    assert_int_equal(a->len, 37);
+    assert_memory_equal(a->name, "vmmt-", 5);
+    fetch_same(b, pool_fd);
+    wait_stat(b, pick_served, 1, 2000);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.served, 1);
+    assert_int_equal(s.refused_peer + s.refused_pool + s.timed_out + s.malformed, 0);
+
+    /* Two brokers never share a name. */
+    struct vmmt__broker *b2 = start_ok(pool_fd, NULL);
+    assert_memory_not_equal(vmmt__broker_address(b2)->name, a->name, 37);
+    vmmt__broker_stop(b2);
+
+    char text[300];
+    vmmt__broker_addr_format(a, text, sizeof text);
+    assert_int_equal(text[0], '@');
+    assert_int_equal(strlen(text), 38);
+    vmmt__broker_stop(b);
+    vmmt__broker_stop(NULL);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_other_process(void **state)
+{
+    tu_resources before;
+    char where[300], buf[32] = {0};
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker *b = start_ok(pool_fd, NULL);
+    vmmt__broker_addr_format(vmmt__broker_address(b), where, sizeof where);
+    char *argv[] = {where, (char *)POOL_HEX, "-1", "write", NULL};
+    pid_t pid = tu_spawn("broker_fetch", argv, -1);
+    assert_true(pid > 0);
+    assert_int_equal(tu_wait(pid, 10000), 0);
+    assert_int_equal(pread(pool_fd, buf, sizeof buf, 0), sizeof buf);
+    assert_string_equal(buf, "written by child");
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_path_mode(void **state)
+{
+    tu_resources before;
+    char dir[64], path[128];
+    struct stat st;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    make_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/pool.sock", dir);
+    struct vmmt__broker_config cfg = {.path = path};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    const struct vmmt__broker_addr *a = vmmt__broker_address(b);
+    assert_int_equal(a->kind, VMMT_BROKER_ADDR_PATH);
+    assert_int_equal(a->len, strlen(path));
+    assert_memory_equal(a->name, path, a->len);
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISSOCK(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+    fetch_same(b, pool_fd);
+    vmmt__broker_stop(b);
+    assert_int_equal(lstat(path, &st), -1);
+    assert_int_equal(errno, ENOENT);
+
+    /* Other users allowed: the file opens up and SO_PEERCRED does the checking. */
+    uid_t others[] = {geteuid() == 65534 ? 65533 : 65534};
+    cfg.allowed_uids = others;
+    cfg.allowed_count = 1;
+    b = start_ok(pool_fd, &cfg);
+    assert_int_equal(lstat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0666);
+    vmmt__broker_stop(b);
+
+    assert_int_equal(rmdir(dir), 0);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_path_stale_socket_replaced(void **state)
+{
+    tu_resources before;
+    char dir[64], path[128];
+    struct vmmt__broker_addr a = {.kind = VMMT_BROKER_ADDR_PATH};
+    struct sockaddr_un sun;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    make_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/stale.sock", dir);
+    a.len = (uint8_t)strlen(path);
+    memcpy(a.name, path, a.len);
+    /* A crashed producer leaves its socket file behind with nobody listening. */
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_int_equal(bind(s, (struct sockaddr *)&sun, sockaddr_of(&a, &sun)), 0);
+    close(s);
+
+    struct vmmt__broker_config cfg = {.path = path};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    fetch_same(b, pool_fd);
+    vmmt__broker_stop(b);
+    assert_int_equal(access(path, F_OK), -1);
+    assert_int_equal(rmdir(dir), 0);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_path_live_socket_refused(void **state)
+{
+    tu_resources before;
+    char dir[64], path[128];
+    struct vmmt__broker *b2 = (void *)1;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    make_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/live.sock", dir);
+    struct vmmt__broker_config cfg = {.path = path};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    assert_int_equal(vmmt__broker_start(pool_fd, POOL, &cfg, &b2), VMMT_EINVAL);
+    assert_null(b2);
+    assert_error_contains("a live socket is already there");
+    assert_error_contains(path);
+    fetch_same(b, pool_fd); /* the first broker is untouched */
+    vmmt__broker_stop(b);
+    assert_int_equal(rmdir(dir), 0);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_path_regular_file_refused(void **state)
+{
+    tu_resources before;
+    char dir[64], path[128], buf[8] = {0};
+    struct vmmt__broker *b = NULL;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    make_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/precious", dir);
+    int f = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    assert_int_equal(write(f, "keep", 4), 4);
+    close(f);
+
+    struct vmmt__broker_config cfg = {.path = path};
+    assert_int_equal(vmmt__broker_start(pool_fd, POOL, &cfg, &b), VMMT_EINVAL);
+    assert_null(b);
+    assert_error_contains("exists and is not a socket");
+    f = open(path, O_RDONLY | O_CLOEXEC);
+    assert_true(f >= 0);
+    assert_int_equal(read(f, buf, sizeof buf), 4);
+    assert_string_equal(buf, "keep");
+    close(f);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_start_errors(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker *b = NULL;
+    char longpath[200];
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    assert_int_equal(vmmt__broker_start(-1, POOL, NULL, &b), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_start(pool_fd, NULL, NULL, &b), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_start(pool_fd, POOL, NULL, NULL), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_start(999, POOL, NULL, &b), VMMT_ESYS); /* not open */
+    assert_error_contains("cannot start the CUDA VMM POSIX FD broker of pool a1b2c3d4");
+    struct vmmt__broker_config cfg = {.allowed_count = 2};
+    assert_int_equal(vmmt__broker_start(pool_fd, POOL, &cfg, &b), VMMT_EINVAL);
+    cfg = (struct vmmt__broker_config){.timeout_ms = -5};
+    assert_int_equal(vmmt__broker_start(pool_fd, POOL, &cfg, &b), VMMT_EINVAL);
+    memset(longpath, 'x', sizeof longpath - 1);
+    longpath[0] = '/';
+    longpath[sizeof longpath - 1] = '\0';
+    cfg = (struct vmmt__broker_config){.path = longpath};
+    assert_int_equal(vmmt__broker_start(pool_fd, POOL, &cfg, &b), VMMT_EINVAL);
+    assert_error_contains("choose a shorter path");
+    cfg.path = "/nonexistent-vmmt-dir/pool.sock";
+    assert_int_equal(vmmt__broker_start(pool_fd, POOL, &cfg, &b), VMMT_ESYS);
+    assert_error_contains("No such file or directory");
+    assert_null(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_wrong_pool_refused(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker_stats s;
+    int fd = 7;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker *b = start_ok(pool_fd, NULL);
+    assert_int_equal(vmmt__broker_fetch(vmmt__broker_address(b), OTHER, 2000, &fd), VMMT_EINVAL);
+    assert_int_equal(fd, -1);
+    assert_error_contains("CUDA VMM POSIX FD broker failed: pool 11223344 is not served here");
+    assert_error_contains("serves pool a1b2c3d4");
+    wait_stat(b, pick_refused_pool, 1, 2000);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.refused_pool, 1);
+    assert_int_equal(s.served, 0);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_stalled_client_times_out(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker_stats s;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.timeout_ms = 300};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    int64_t t0 = now_ms();
+    int stalled = raw_connect(vmmt__broker_address(b));
+
+    /* The stalled client must not delay anyone else. */
+    usleep(20000);
+    int64_t t1 = now_ms();
+    fetch_same(b, pool_fd);
+    assert_true(now_ms() - t1 < 200);
+    wait_stat(b, pick_served, 1, 2000);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.timed_out, 0);
+
+    wait_stat(b, pick_timed_out, 1, 3000);
+    assert_true(now_ms() - t0 >= 290);
+    assert_int_equal(raw_read_reply(stalled, 1000), 1); /* closed, no reply */
+    close(stalled);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.served, 1);
+    assert_int_equal(s.timed_out, 1);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_pending_limit(void **state)
+{
+    tu_resources before;
+    int stalled[VMMT_BROKER_MAX_PENDING + 4];
+    int n = VMMT_BROKER_MAX_PENDING + 4;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.timeout_ms = 200};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    for (int i = 0; i < n; i++)
+        stalled[i] = raw_connect(vmmt__broker_address(b));
+    /* Beyond the cap, clients wait in the backlog until slots free up; then they are served. */
+    fetch_same(b, pool_fd);
+    wait_stat(b, pick_timed_out, (uint64_t)n, 3000);
+    for (int i = 0; i < n; i++)
+        close(stalled[i]);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_other_user_refused(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker_stats s;
+    char where[300];
+    (void)state;
+    if (geteuid() != 0) skip();
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker *b = start_ok(pool_fd, NULL);
+    vmmt__broker_addr_format(vmmt__broker_address(b), where, sizeof where);
+    char *argv[] = {where,
+                    (char *)POOL_HEX,
+                    "65534",
+                    "expect",
+                    "-12",
+                    "CUDA VMM POSIX FD broker failed: uid 65534 is not allowed by the vmmt "
+                    "broker of pool a1b2c3d4; add it to the pool's allowed uids",
+                    NULL};
+    pid_t pid = tu_spawn("broker_fetch", argv, -1);
+    assert_int_equal(tu_wait(pid, 10000), 0);
+    wait_stat(b, pick_refused_peer, 1, 2000);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.refused_peer, 1);
+    assert_int_equal(s.served, 0);
+    vmmt__broker_stop(b);
+
+    /* Root is not implicitly allowed: an allow-list without 0 is what is served. */
+    uid_t nobody[] = {65534};
+    struct vmmt__broker_config cfg = {.allowed_uids = nobody, .allowed_count = 1};
+    b = start_ok(pool_fd, &cfg);
+    vmmt__broker_addr_format(vmmt__broker_address(b), where, sizeof where);
+    char *argv2[] = {where, (char *)POOL_HEX, "65534", "write", NULL};
+    pid = tu_spawn("broker_fetch", argv2, -1);
+    assert_int_equal(tu_wait(pid, 10000), 0);
+    wait_stat(b, pick_served, 1, 2000);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+/* A server that answers one request with a chosen status and number of fds. */
+struct fake {
+    int lfd;
+    int32_t status;
+    int nfds;
+    int fd; /* what it attaches */
+};
+
+static void *fake_server(void *arg)
+{
+    struct fake *f = arg;
+    struct pollfd p = {.fd = f->lfd, .events = POLLIN};
+    uint8_t buf[64 + 14] = "VMBR\1\0\0\0";
+    int fds[4];
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof fds)];
+    } ctl;
+    struct iovec iov = {.iov_base = buf, .iov_len = 14 + 4};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+    if (poll(&p, 1, 3000) != 1) return NULL;
+    int c = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0) return NULL;
+    p.fd = c;
+    if (poll(&p, 1, 3000) == 1 && recv(c, buf + 14, 64, 0) == 24) {
+        memcpy(buf + 8, &f->status, 4);
+        buf[12] = 4;
+        buf[13] = 0;
+        memcpy(buf + 14, "fake", 4);
+        if (f->nfds > 0) {
+            for (int i = 0; i < f->nfds; i++)
+                fds[i] = f->fd;
+            mh.msg_control = ctl.space;
+            mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)f->nfds);
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)f->nfds);
+            memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)f->nfds);
+        }
+        sendmsg(c, &mh, MSG_NOSIGNAL);
+        /* Wait for the client to hang up so its reply is never cut short. */
+        poll(&p, 1, 3000);
+    }
+    close(c);
+    return NULL;
+}
+
+static int fetch_from_fake(int32_t status, int nfds, int *fd)
+{
+    struct vmmt__broker_addr a;
+    struct fake f = {.status = status, .nfds = nfds, .fd = make_memfd()};
+    pthread_t t;
+
+    test_addr(&a, "fake");
+    f.lfd = fake_listen(&a);
+    assert_int_equal(pthread_create(&t, NULL, fake_server, &f), 0);
+    int st = vmmt__broker_fetch(&a, POOL, 2000, fd);
+    /* The message is thread-local: keep it safe from close() and friends below. */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", vmmt_last_error());
+    if (st == VMMT_OK) close(*fd);
+    pthread_join(t, NULL);
+    close(f.lfd);
+    close(f.fd);
+    if (st != VMMT_OK) vmmt__fail(st, "%s", msg);
+    return st;
+}
+
+static void test_fake_server_replies(void **state)
+{
+    tu_resources before;
+    int fd = 5;
+    (void)state;
+    take_resources(&before);
+
+    assert_int_equal(fetch_from_fake(VMMT_OK, 0, &fd), VMMT_EPROTO);
+    assert_int_equal(fd, -1);
+    assert_error_contains("CUDA VMM POSIX FD broker failed: broker returned no file descriptor");
+    assert_error_contains("carried no SCM_RIGHTS");
+
+    /* Extra fds are closed; the resource check below proves it. */
+    assert_vmmt_ok(fetch_from_fake(VMMT_OK, 3, &fd));
+    /* A refusal that carries an fd anyway: the fd is closed, the refusal passed on. */
+    assert_int_equal(fetch_from_fake(VMMT_EPERM, 2, &fd), VMMT_EPERM);
+    assert_int_equal(fd, -1);
+    assert_error_contains("CUDA VMM POSIX FD broker failed: fake");
+    /* Statuses we do not know are a protocol error. */
+    assert_int_equal(fetch_from_fake(-99, 0, &fd), VMMT_EPROTO);
+    assert_error_contains("unknown status -99");
+    check_resources(&before);
+}
+
+static void test_client_timeout(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker_addr a;
+    char want[300], where[300];
+    int fd = 5;
+    (void)state;
+    take_resources(&before);
+
+    /* Listening but never accepting: connect succeeds, no reply ever comes. */
+    test_addr(&a, "mute");
+    int lfd = fake_listen(&a);
+    int64_t t0 = now_ms();
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, 200, &fd), VMMT_ETIMEDOUT);
+    int64_t took = now_ms() - t0;
+    assert_true(took >= 195 && took < 1500);
+    assert_int_equal(fd, -1);
+    snprintf(want, sizeof want,
+             "CUDA VMM POSIX FD broker failed: no reply from %s within 200 ms; is the producer "
+             "alive?",
+             vmmt__broker_addr_format(&a, where, sizeof where));
+    assert_string_equal(vmmt_last_error(), want);
+    close(lfd);
+    check_resources(&before);
+}
+
+static void test_connect_refused(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker_addr a;
+    int fd = 5;
+    (void)state;
+    take_resources(&before);
+
+    test_addr(&a, "nobody");
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, 500, &fd), VMMT_ESYS);
+    assert_error_contains("CUDA VMM POSIX FD broker failed: cannot connect to @vmmt-test-");
+    assert_error_contains("Connection refused");
+    assert_vmmt_ok(vmmt__broker_addr_parse("/nonexistent-vmmt-dir/x.sock", &a));
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, 500, &fd), VMMT_ESYS);
+    assert_error_contains("cannot connect to /nonexistent-vmmt-dir/x.sock: No such file");
+    a.kind = 7;
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, 500, &fd), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch(NULL, POOL, 500, &fd), VMMT_EINVAL);
+    assert_int_equal(fd, -1);
+    check_resources(&before);
+}
+
+static void test_malformed_requests(void **state)
+{
+    tu_resources before;
+    uint8_t req[100];
+    struct vmmt__broker_stats s;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker *b = start_ok(pool_fd, NULL);
+    const struct vmmt__broker_addr *a = vmmt__broker_address(b);
+    /* short, wrong magic, too long, unknown version */
+    memset(req, 0x5a, sizeof req);
+    size_t lens[] = {5, 24, 100, 24};
+    for (int i = 0; i < 4; i++) {
+        int c = raw_connect(a);
+        if (i == 3) {
+            memcpy(req, "VMBQ\2\0\0\0", 8);
+            memcpy(req + 8, POOL, 16);
+        }
+        assert_int_equal(send(c, req, lens[i], 0), (ssize_t)lens[i]);
+        assert_int_equal(raw_read_reply(c, 2000), VMMT_EPROTO);
+        close(c);
+    }
+    /* Hanging up without a word counts too. */
+    close(raw_connect(a));
+    wait_stat(b, pick_malformed, 5, 2000);
+    fetch_same(b, pool_fd);
+    wait_stat(b, pick_served, 1, 2000);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.malformed, 5);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_stop_with_pending_clients(void **state)
+{
+    tu_resources before;
+    int c[10];
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.timeout_ms = 10000};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    for (int i = 0; i < 10; i++)
+        c[i] = raw_connect(vmmt__broker_address(b));
+    assert_int_equal(send(c[0], "VMB", 3, MSG_DONTWAIT), 3);
+    usleep(20000); /* let the thread accept them */
+    int64_t t0 = now_ms();
+    vmmt__broker_stop(b);
+    assert_true(now_ms() - t0 < 500);
+    for (int i = 1; i < 10; i++) {
+        assert_int_equal(raw_read_reply(c[i], 1000), 1); /* hung up, no reply */
+        close(c[i]);
+    }
+    close(c[0]);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_many_sequential(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker_stats s;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker *b = start_ok(pool_fd, NULL);
+    for (int i = 0; i < 50; i++)
+        fetch_same(b, pool_fd);
+    wait_stat(b, pick_served, 50, 2000);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.served, 50);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_addr_format_parse(void **state)
+{
+    struct vmmt__broker_addr a = {.kind = VMMT_BROKER_ADDR_ABSTRACT, .len = 3};
+    char text[64];
+    (void)state;
+    memcpy(a.name, "a\x01z", 3);
+    assert_string_equal(vmmt__broker_addr_format(&a, text, sizeof text), "@a\\x01z");
+    assert_vmmt_ok(vmmt__broker_addr_parse("/run/x.sock", &a));
+    assert_int_equal(a.kind, VMMT_BROKER_ADDR_PATH);
+    assert_string_equal(vmmt__broker_addr_format(&a, text, sizeof text), "/run/x.sock");
+    assert_int_equal(vmmt__broker_addr_parse("@", &a), VMMT_EINVAL);
+}
+
+/*
+ * glibc keeps the stacks of joined threads, and the allocators (ASan's
+ * especially) map a region the first time a size is asked for; run each kind
+ * of thread and allocation once up front so the leak checks compare like with
+ * like.
+ */
+static int warm_up(void **state)
+{
+    int fd = -1;
+    (void)state;
+    int pool_fd = make_memfd();
+    uid_t someone[] = {65534};
+    struct vmmt__broker_config cfg = {.allowed_uids = someone, .allowed_count = 1};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    fetch_from_fake(VMMT_OK, 1, &fd);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_process),
+        cmocka_unit_test(test_other_process),
+        cmocka_unit_test(test_path_mode),
+        cmocka_unit_test(test_path_stale_socket_replaced),
+        cmocka_unit_test(test_path_live_socket_refused),
+        cmocka_unit_test(test_path_regular_file_refused),
+        cmocka_unit_test(test_start_errors),
+        cmocka_unit_test(test_wrong_pool_refused),
+        cmocka_unit_test(test_stalled_client_times_out),
+        cmocka_unit_test(test_pending_limit),
+        cmocka_unit_test(test_other_user_refused),
+        cmocka_unit_test(test_fake_server_replies),
+        cmocka_unit_test(test_client_timeout),
+        cmocka_unit_test(test_connect_refused),
+        cmocka_unit_test(test_malformed_requests),
+        cmocka_unit_test(test_stop_with_pending_clients),
+        cmocka_unit_test(test_many_sequential),
+        cmocka_unit_test(test_addr_format_parse),
+    };
+    return cmocka_run_group_tests(tests, warm_up, NULL);
+}
