@@ -6,6 +6,7 @@
  * acknowledgement write per rank, all enqueued on the caller's stream.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

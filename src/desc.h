@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+#include "broker_addr.h"
+
 #include "vmmt.h"
 
 #define VMMT__DESC_VERSION  1
@@ -26,12 +28,6 @@
 
 /* The largest element alignment checked: a vector type wider than this needs no more. */
 #define VMMT__DESC_MAX_ELEM_ALIGN 256u
-
-struct vmmt__broker_addr {
-    uint8_t kind; /* 0 abstract, 1 filesystem path */
-    uint8_t len;  /* bytes of name used, 1..107; name is zero after them */
-    char name[108];
-};
 
 struct vmmt__desc {
     uint8_t pool_id[16];             /* random per pool, never all zero */

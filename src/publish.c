@@ -217,7 +217,7 @@ static void describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, con
 int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *stream,
                         vmmt_desc *out)
 {
-    uint64_t rel[VMMT__MAX_PACK], total;
+    uint64_t rel[VMMT__MAX_PACK], total = 0;
     uint32_t slot;
     int st;
 

@@ -19,6 +19,7 @@
 #include "cli.h"
 #include "demo_proto.h"
 #include "driver.h"
+#include "status.h"
 
 #define MAX_CONSUMERS 64
 #define TIMEOUT_MS 30000
