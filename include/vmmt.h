@@ -27,9 +27,9 @@ extern "C" {
 #define VMMT_API
 #endif
 
-#define VMMT_VERSION_MAJOR 0
-#define VMMT_VERSION_MINOR 1
-#define VMMT_VERSION_PATCH 0
+#define VMMT_VERSION_MAJOR  0
+#define VMMT_VERSION_MINOR  1
+#define VMMT_VERSION_PATCH  0
 #define VMMT_VERSION_STRING "0.1.0"
 
 /* ------------------------------------------------------------------ status */
@@ -127,10 +127,10 @@ typedef struct vmmt_handle_probe {
     int attribute;              /* the device attribute, -1 where none exists */
     size_t granularity_minimum; /* 0 when the query failed */
     size_t granularity_recommended;
-    int create_result;  /* CUresult of cuMemCreate of one granularity unit */
-    int export_result;  /* CUresult of the export, -1 when not tried */
-    int works;          /* create (and export, if shareable) succeeded */
-    char cause[320];    /* why it does not work; empty when it does */
+    int create_result; /* CUresult of cuMemCreate of one granularity unit */
+    int export_result; /* CUresult of the export, -1 when not tried */
+    int works;         /* create (and export, if shareable) succeeded */
+    char cause[320];   /* why it does not work; empty when it does */
 } vmmt_handle_probe;
 
 typedef struct vmmt_device_probe {
@@ -139,7 +139,7 @@ typedef struct vmmt_device_probe {
     size_t total_memory;
     int vmm_supported;
     int rdma_with_vmm_supported;
-    int imex_channels_present; /* /dev/nvidia-caps-imex-channels exists */
+    int imex_channels_present;       /* /dev/nvidia-caps-imex-channels exists */
     vmmt_handle_probe candidates[3]; /* FABRIC, POSIX_FD, NONE: probe order */
     vmmt_handle_type selected;       /* the first that works, or the override */
     int overridden;                  /* VMMT_HANDLE_TYPE chose it */
@@ -173,7 +173,7 @@ VMMT_API void vmmt_probe_reset(void);
  * bytes and the tensor's DLPack dtype and shape.
  */
 #define VMMT_DESC_SIZE 512
-#define VMMT_MAX_DIMS 8
+#define VMMT_MAX_DIMS  8
 
 typedef struct vmmt_desc {
     uint8_t bytes[VMMT_DESC_SIZE];
@@ -227,15 +227,16 @@ typedef struct vmmt_pool_config {
     uint64_t memory_size;         /* bytes of device memory, control table included */
     int consumer_count;           /* acknowledgements needed per slice; 1..256 */
     uint32_t max_slices;          /* slices in flight at most; default 4096 */
-    uint32_t recycle_interval_us; /* background recycler period while slices are in flight; default 1000 */
+    uint32_t recycle_interval_us; /* background recycler period while slices are in flight; default
+                                     1000 */
     vmmt_handle_type handle_type; /* default VMMT_HANDLE_AUTO (the probe's choice) */
     int allow_posix_fallback;     /* FABRIC failing at creation falls back to POSIX_FD; default 1 */
-    int round_up;                 /* a memory_size below one granularity unit becomes one unit; default 0 */
-    vmmt_handoff handoff;         /* default VMMT_HANDOFF_AUTO */
+    int round_up;         /* a memory_size below one granularity unit becomes one unit; default 0 */
+    vmmt_handoff handoff; /* default VMMT_HANDOFF_AUTO */
     const char *broker_path;      /* POSIX_FD: socket path; NULL: a random abstract name */
     const uint32_t *allowed_uids; /* broker peers allowed besides the producer's user */
     size_t allowed_uid_count;
-    int timeout_ms;               /* bound of shutdown and broker waits; default 5000 */
+    int timeout_ms; /* bound of shutdown and broker waits; default 5000 */
 } vmmt_pool_config;
 
 /* Defaults as documented above; memory_size and consumer_count are left 0 and must be set. */
@@ -293,14 +294,14 @@ typedef struct vmmt_pool_stats {
     uint64_t table_bytes;     /* control table */
     uint64_t data_bytes;      /* usable for slices */
     uint32_t slots;
-    uint32_t in_flight;       /* slices published and not yet recycled */
+    uint32_t in_flight; /* slices published and not yet recycled */
     uint64_t in_flight_bytes;
-    uint64_t published;       /* descriptors handed out */
-    uint64_t recycled;        /* slices recycled */
+    uint64_t published; /* descriptors handed out */
+    uint64_t recycled;  /* slices recycled */
     uint64_t cancelled;
-    uint64_t full;            /* publishes refused with VMMT_EFULL */
-    uint64_t reclaims;        /* control-table reads */
-    uint64_t broker_served;   /* POSIX_FD descriptors handed to consumers */
+    uint64_t full;          /* publishes refused with VMMT_EFULL */
+    uint64_t reclaims;      /* control-table reads */
+    uint64_t broker_served; /* POSIX_FD descriptors handed to consumers */
     uint64_t broker_refused;
 } vmmt_pool_stats;
 
@@ -343,9 +344,8 @@ VMMT_API int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consu
  * synchronizing. A failed copy still acknowledges, so the slice is released;
  * the descriptor cannot be consumed again.
  */
-VMMT_API int vmmt_consume(vmmt_consumer *consumer, const vmmt_desc *desc, int device,
-                          uint64_t dst, uint64_t dst_size, void *stream, int rank_first,
-                          int rank_count);
+VMMT_API int vmmt_consume(vmmt_consumer *consumer, const vmmt_desc *desc, int device, uint64_t dst,
+                          uint64_t dst_size, void *stream, int rank_first, int rank_count);
 
 /* Acknowledge without copying (a dropped request). */
 VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, int device,

@@ -22,7 +22,7 @@
 /* What this process has done with one slot's current occupant. */
 struct slot_state {
     uint32_t generation;
-    uint64_t members_done;    /* packed members consumed or dropped */
+    uint64_t members_done; /* packed members consumed or dropped */
     uint64_t ranks_acked[VMMT__MAX_CONSUMERS / 64];
 };
 
@@ -246,8 +246,8 @@ static int host_wait(vmmt_consumer *c, CUdeviceptr word, uint32_t gen)
 static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
 {
     const struct vmmt_drv *d = vmmt__drv();
-    CUdeviceptr word = rq->pool->map.base + vmmt__ctrl_ready(rq->d.table_offset,
-                                                             rq->d.slot_stride, rq->d.slot);
+    CUdeviceptr word =
+        rq->pool->map.base + vmmt__ctrl_ready(rq->d.table_offset, rq->d.slot_stride, rq->d.slot);
     CUresult r;
 
     if (!(rq->d.flags & VMMT__DESC_STREAM_ORDERED)) return VMMT_OK;
@@ -262,9 +262,9 @@ static int write_acks(const struct request *rq, CUstream s)
     CUdeviceptr table = rq->pool->map.base + rq->d.table_offset;
 
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
-        CUresult res = d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride,
-                                                                 rq->d.slot, r),
-                                               rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
+        CUresult res =
+            d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
+                                    rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
         if (res != CUDA_SUCCESS)
             return vmmt__cu_fail(res, "cuStreamWriteValue32(acknowledgement of rank %u)", r);
     }

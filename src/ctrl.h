@@ -12,8 +12,8 @@
 #include <stdint.h>
 
 #define VMMT__MAX_CONSUMERS 256
-#define VMMT__MAX_PACK 64
-#define VMMT__DATA_ALIGN 256
+#define VMMT__MAX_PACK      64
+#define VMMT__DATA_ALIGN    256
 
 /* Row size in bytes: ready + one word per consumer, padded to 16 bytes. */
 static inline uint32_t vmmt__ctrl_stride(uint32_t consumers)
@@ -26,13 +26,15 @@ static inline uint64_t vmmt__ctrl_ready(uint64_t table, uint32_t stride, uint32_
     return table + (uint64_t)slot * stride;
 }
 
-static inline uint64_t vmmt__ctrl_ack(uint64_t table, uint32_t stride, uint32_t slot,
-                                      uint32_t rank)
+static inline uint64_t vmmt__ctrl_ack(uint64_t table, uint32_t stride, uint32_t slot, uint32_t rank)
 {
     return vmmt__ctrl_ready(table, stride, slot) + 4u * (1u + rank);
 }
 
 /* Generations start at 1 and skip 0 on wrap, so a zeroed table matches nothing. */
-static inline uint32_t vmmt__next_generation(uint32_t g) { return g + 1 == 0 ? 1 : g + 1; }
+static inline uint32_t vmmt__next_generation(uint32_t g)
+{
+    return g + 1 == 0 ? 1 : g + 1;
+}
 
 #endif

@@ -15,16 +15,16 @@
 
 /* The oldest driver with every entry point above (stream memory operations v2). */
 #define MIN_DRIVER_VERSION 11070
-#define MAX_DEVICES 64
+#define MAX_DEVICES        64
 
 typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t, int *);
 typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct vmmt_drv g_table;
-static int g_loaded;           /* g_table is valid */
-static char g_choice[8];       /* from vmmt_driver_select; empty: VMMT_DRIVER */
-static void *g_libcuda;        /* kept open for the life of the process */
+static int g_loaded;     /* g_table is valid */
+static char g_choice[8]; /* from vmmt_driver_select; empty: VMMT_DRIVER */
+static void *g_libcuda;  /* kept open for the life of the process */
 static CUcontext g_primary[MAX_DEVICES];
 
 static _Thread_local int t_depth;
@@ -55,17 +55,17 @@ int vmmt__drv_load_cuda(struct vmmt_drv *out)
                           "driver for CUDA 11.7 or newer",
                           path);
 
-#define VMMT_DRV_RESOLVE(fn, ver, params)                                                   \
-    {                                                                                       \
-        void *p = NULL;                                                                     \
-        int found = 0;                                                                      \
-        r = get_v2 ? get_v2(#fn, &p, ver, 0, &found) : get_v1(#fn, &p, ver, 0);            \
-        if (r != CUDA_SUCCESS || p == NULL)                                                 \
-            return vmmt__fail(VMMT_ENODRIVER,                                               \
-                              "NVIDIA driver %s lacks %s (asked for the CUDA %d.%d ABI, "   \
-                              "result %d); update the driver",                              \
-                              path, #fn, (ver) / 1000, (ver) % 1000 / 10, (int)r);          \
-        t.fn = (CUresult(*) params)p;                                                       \
+#define VMMT_DRV_RESOLVE(fn, ver, params)                                                          \
+    {                                                                                              \
+        void *p = NULL;                                                                            \
+        int found = 0;                                                                             \
+        r = get_v2 ? get_v2(#fn, &p, ver, 0, &found) : get_v1(#fn, &p, ver, 0);                    \
+        if (r != CUDA_SUCCESS || p == NULL)                                                        \
+            return vmmt__fail(VMMT_ENODRIVER,                                                      \
+                              "NVIDIA driver %s lacks %s (asked for the CUDA %d.%d ABI, "          \
+                              "result %d); update the driver",                                     \
+                              path, #fn, (ver) / 1000, (ver) % 1000 / 10, (int)r);                 \
+        t.fn = (CUresult(*) params)p;                                                              \
     }
     VMMT_DRV_ENTRIES(VMMT_DRV_RESOLVE)
 #undef VMMT_DRV_RESOLVE
@@ -173,8 +173,7 @@ const char *vmmt__cu_name(CUresult r)
     static _Thread_local char buf[32];
     const char *name = NULL;
 
-    if (g_loaded && g_table.cuGetErrorName(r, &name) == CUDA_SUCCESS && name != NULL)
-        return name;
+    if (g_loaded && g_table.cuGetErrorName(r, &name) == CUDA_SUCCESS && name != NULL) return name;
     snprintf(buf, sizeof buf, "CUDA error %d", (int)r);
     return buf;
 }
@@ -202,8 +201,7 @@ int vmmt__ctx_enter(int device)
         if (st == VMMT_OK) g_primary[device] = ctx;
     }
     pthread_mutex_unlock(&g_lock);
-    if (st != VMMT_OK)
-        return vmmt__wrap(st, "making device %d's primary context current", device);
+    if (st != VMMT_OK) return vmmt__wrap(st, "making device %d's primary context current", device);
     st = VMMT_CU(d, cuCtxPushCurrent(ctx));
     if (st == VMMT_OK) t_depth++;
     return st;

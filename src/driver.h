@@ -14,57 +14,57 @@
  * ABI of the symbol the prototype matches; cuGetProcAddress is asked for that
  * version so that a newer driver hands back the same signature.
  */
-#define VMMT_DRV_ENTRIES(X)                                                                  \
-    X(cuGetErrorName, 6000, (CUresult, const char **))                                      \
-    X(cuGetErrorString, 6000, (CUresult, const char **))                                    \
-    X(cuInit, 2000, (unsigned int))                                                          \
-    X(cuDriverGetVersion, 2020, (int *))                                                     \
-    X(cuDeviceGetCount, 2000, (int *))                                                       \
-    X(cuDeviceGet, 2000, (CUdevice *, int))                                                  \
-    X(cuDeviceGetName, 2000, (char *, int, CUdevice))                                        \
-    X(cuDeviceGetAttribute, 2000, (int *, CUdevice_attribute, CUdevice))                     \
-    X(cuDeviceTotalMem, 3020, (size_t *, CUdevice))                                          \
-    X(cuDevicePrimaryCtxRetain, 7000, (CUcontext *, CUdevice))                               \
-    X(cuDevicePrimaryCtxRelease, 11000, (CUdevice))                                          \
-    X(cuCtxPushCurrent, 4000, (CUcontext))                                                   \
-    X(cuCtxPopCurrent, 4000, (CUcontext *))                                                  \
-    X(cuCtxGetCurrent, 4000, (CUcontext *))                                                  \
-    X(cuMemGetAllocationGranularity, 10020,                                                  \
-      (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))             \
-    X(cuMemCreate, 10020,                                                                    \
-      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
-    X(cuMemRelease, 10020, (CUmemGenericAllocationHandle))                                   \
-    X(cuMemExportToShareableHandle, 10020,                                                   \
-      (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
-    X(cuMemImportFromShareableHandle, 10020,                                                 \
-      (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))                   \
-    X(cuMemAddressReserve, 10020,                                                            \
-      (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                      \
-    X(cuMemAddressFree, 10020, (CUdeviceptr, size_t))                                        \
-    X(cuMemMap, 10020,                                                                       \
-      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))       \
-    X(cuMemUnmap, 10020, (CUdeviceptr, size_t))                                              \
-    X(cuMemSetAccess, 10020, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))         \
-    X(cuMemAlloc, 3020, (CUdeviceptr *, size_t))                                             \
-    X(cuMemFree, 3020, (CUdeviceptr))                                                        \
-    X(cuMemAllocHost, 3020, (void **, size_t))                                               \
-    X(cuMemFreeHost, 2000, (void *))                                                         \
-    X(cuMemcpyDtoDAsync, 3020, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                 \
-    X(cuMemcpyHtoDAsync, 3020, (CUdeviceptr, const void *, size_t, CUstream))                \
-    X(cuMemcpyDtoHAsync, 3020, (void *, CUdeviceptr, size_t, CUstream))                      \
-    X(cuMemsetD8Async, 3020, (CUdeviceptr, unsigned char, size_t, CUstream))                 \
-    X(cuStreamCreate, 2000, (CUstream *, unsigned int))                                      \
-    X(cuStreamDestroy, 4000, (CUstream))                                                     \
-    X(cuStreamSynchronize, 2000, (CUstream))                                                 \
-    X(cuStreamQuery, 2000, (CUstream))                                                       \
-    X(cuStreamWaitEvent, 3020, (CUstream, CUevent, unsigned int))                            \
-    X(cuStreamWaitValue32, 11070, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))         \
-    X(cuStreamWriteValue32, 11070, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))        \
-    X(cuEventCreate, 2000, (CUevent *, unsigned int))                                        \
-    X(cuEventRecord, 2000, (CUevent, CUstream))                                              \
-    X(cuEventQuery, 2000, (CUevent))                                                         \
-    X(cuEventSynchronize, 2000, (CUevent))                                                   \
-    X(cuEventElapsedTime, 2000, (float *, CUevent, CUevent))                                 \
+#define VMMT_DRV_ENTRIES(X)                                                                        \
+    X(cuGetErrorName, 6000, (CUresult, const char **))                                             \
+    X(cuGetErrorString, 6000, (CUresult, const char **))                                           \
+    X(cuInit, 2000, (unsigned int))                                                                \
+    X(cuDriverGetVersion, 2020, (int *))                                                           \
+    X(cuDeviceGetCount, 2000, (int *))                                                             \
+    X(cuDeviceGet, 2000, (CUdevice *, int))                                                        \
+    X(cuDeviceGetName, 2000, (char *, int, CUdevice))                                              \
+    X(cuDeviceGetAttribute, 2000, (int *, CUdevice_attribute, CUdevice))                           \
+    X(cuDeviceTotalMem, 3020, (size_t *, CUdevice))                                                \
+    X(cuDevicePrimaryCtxRetain, 7000, (CUcontext *, CUdevice))                                     \
+    X(cuDevicePrimaryCtxRelease, 11000, (CUdevice))                                                \
+    X(cuCtxPushCurrent, 4000, (CUcontext))                                                         \
+    X(cuCtxPopCurrent, 4000, (CUcontext *))                                                        \
+    X(cuCtxGetCurrent, 4000, (CUcontext *))                                                        \
+    X(cuMemGetAllocationGranularity, 10020,                                                        \
+      (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                   \
+    X(cuMemCreate, 10020,                                                                          \
+      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))   \
+    X(cuMemRelease, 10020, (CUmemGenericAllocationHandle))                                         \
+    X(cuMemExportToShareableHandle, 10020,                                                         \
+      (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long))       \
+    X(cuMemImportFromShareableHandle, 10020,                                                       \
+      (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))                         \
+    X(cuMemAddressReserve, 10020,                                                                  \
+      (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                            \
+    X(cuMemAddressFree, 10020, (CUdeviceptr, size_t))                                              \
+    X(cuMemMap, 10020,                                                                             \
+      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))             \
+    X(cuMemUnmap, 10020, (CUdeviceptr, size_t))                                                    \
+    X(cuMemSetAccess, 10020, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))               \
+    X(cuMemAlloc, 3020, (CUdeviceptr *, size_t))                                                   \
+    X(cuMemFree, 3020, (CUdeviceptr))                                                              \
+    X(cuMemAllocHost, 3020, (void **, size_t))                                                     \
+    X(cuMemFreeHost, 2000, (void *))                                                               \
+    X(cuMemcpyDtoDAsync, 3020, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                       \
+    X(cuMemcpyHtoDAsync, 3020, (CUdeviceptr, const void *, size_t, CUstream))                      \
+    X(cuMemcpyDtoHAsync, 3020, (void *, CUdeviceptr, size_t, CUstream))                            \
+    X(cuMemsetD8Async, 3020, (CUdeviceptr, unsigned char, size_t, CUstream))                       \
+    X(cuStreamCreate, 2000, (CUstream *, unsigned int))                                            \
+    X(cuStreamDestroy, 4000, (CUstream))                                                           \
+    X(cuStreamSynchronize, 2000, (CUstream))                                                       \
+    X(cuStreamQuery, 2000, (CUstream))                                                             \
+    X(cuStreamWaitEvent, 3020, (CUstream, CUevent, unsigned int))                                  \
+    X(cuStreamWaitValue32, 11070, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))               \
+    X(cuStreamWriteValue32, 11070, (CUstream, CUdeviceptr, cuuint32_t, unsigned int))              \
+    X(cuEventCreate, 2000, (CUevent *, unsigned int))                                              \
+    X(cuEventRecord, 2000, (CUevent, CUstream))                                                    \
+    X(cuEventQuery, 2000, (CUevent))                                                               \
+    X(cuEventSynchronize, 2000, (CUevent))                                                         \
+    X(cuEventElapsedTime, 2000, (float *, CUevent, CUevent))                                       \
     X(cuEventDestroy, 4000, (CUevent))
 
 struct vmmt_drv {

@@ -2,8 +2,11 @@
 #include "driver.h"
 #include "emu.h"
 
-#define STUB(fn, ver, params)                                                                \
-    static CUresult emu_##fn params { return CUDA_ERROR_NOT_SUPPORTED; }
+#define STUB(fn, ver, params)                                                                      \
+    static CUresult emu_##fn params                                                                \
+    {                                                                                              \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                           \
+    }
 #pragma GCC diagnostic ignored "-Wunused-parameter"
 VMMT_DRV_ENTRIES(STUB)
 

@@ -15,7 +15,7 @@
 #include "status.h"
 
 #define DEFAULT_SLICES 4096
-#define MAX_SLICES (1u << 20)
+#define MAX_SLICES     (1u << 20)
 
 const char *vmmt_handoff_name(vmmt_handoff mode)
 {
@@ -56,8 +56,9 @@ static int check_config(const vmmt_pool_config *c)
                           "handle_type=none cannot be shared with other processes; use auto, "
                           "posix_fd or fabric");
     if (c->broker_path != NULL && strlen(c->broker_path) > 107)
-        return vmmt__fail(VMMT_EINVAL, "broker_path is %zu bytes; a Unix socket path holds at "
-                                       "most 107",
+        return vmmt__fail(VMMT_EINVAL,
+                          "broker_path is %zu bytes; a Unix socket path holds at "
+                          "most 107",
                           strlen(c->broker_path));
     if (c->handoff != VMMT_HANDOFF_AUTO && c->handoff != VMMT_HANDOFF_STREAM &&
         c->handoff != VMMT_HANDOFF_SYNC)
@@ -98,8 +99,9 @@ static int allocate(struct vmmt_pool *p)
     if (!p->cfg.allow_posix_fallback)
         return vmmt__wrap(st, "the pool requires FABRIC handles and POSIX_FD fallback is not "
                               "allowed (set allow_posix_fallback to share within this node)");
-    vmmt__log(VMMT_LOG_WARN, "FABRIC allocation failed (%s); falling back to POSIX_FD: buffers "
-                             "can be shared within this node only",
+    vmmt__log(VMMT_LOG_WARN,
+              "FABRIC allocation failed (%s); falling back to POSIX_FD: buffers "
+              "can be shared within this node only",
               vmmt_last_error());
     p->type = VMMT_HANDLE_POSIX_FD;
     p->fell_back = 1;
@@ -130,7 +132,8 @@ static int alloc_host_state(struct vmmt_pool *p)
     if (p->slot == NULL || p->free_slots == NULL)
         return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slots", p->slots);
     /* Low slot numbers on top, so a quiet pool touches few table rows. */
-    for (uint32_t i = 0; i < p->slots; i++) p->free_slots[i] = p->slots - 1 - i;
+    for (uint32_t i = 0; i < p->slots; i++)
+        p->free_slots[i] = p->slots - 1 - i;
     p->free_count = p->slots;
     return VMMT_OK;
 }
@@ -171,8 +174,9 @@ static vmmt_handoff probe_handoff(struct vmmt_pool *p, int fd)
         st = VMMT_CU(d, cuStreamWaitValue32(p->stream, m.base, 0, CU_STREAM_WAIT_VALUE_GEQ));
         if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
         if (st != VMMT_OK)
-            vmmt__log(VMMT_LOG_INFO, "stream wait on imported memory refused (%s); publishes "
-                                     "will synchronize",
+            vmmt__log(VMMT_LOG_INFO,
+                      "stream wait on imported memory refused (%s); publishes "
+                      "will synchronize",
                       vmmt_last_error());
         vmmt__mapping_release(&m);
     }
@@ -342,10 +346,11 @@ int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **out)
     st = create_steps(p);
     vmmt__ctx_leave();
     if (st != VMMT_OK) goto fail_release;
-    vmmt__log(VMMT_LOG_INFO, "pool on device %d: %" PRIu64 " bytes, %s handles, %s hand-off, %u "
-                             "slots for %d consumer(s)",
-              p->device, p->map.size, vmmt_handle_type_name(p->type),
-              vmmt_handoff_name(p->handoff), p->slots, p->cfg.consumer_count);
+    vmmt__log(VMMT_LOG_INFO,
+              "pool on device %d: %" PRIu64 " bytes, %s handles, %s hand-off, %u "
+              "slots for %d consumer(s)",
+              p->device, p->map.size, vmmt_handle_type_name(p->type), vmmt_handoff_name(p->handoff),
+              p->slots, p->cfg.consumer_count);
     *out = p;
     return VMMT_OK;
 
@@ -426,8 +431,9 @@ void vmmt_pool_destroy(vmmt_pool *p)
     if (p == NULL) return;
     if (vmmt_pool_shutdown(p) != VMMT_OK) {
         /* Publishers still inside the pool would touch freed memory: keep it. */
-        vmmt__log(VMMT_LOG_ERROR, "vmmt_pool_destroy: %s; the pool is leaked rather than freed "
-                                  "under active callers",
+        vmmt__log(VMMT_LOG_ERROR,
+                  "vmmt_pool_destroy: %s; the pool is leaked rather than freed "
+                  "under active callers",
                   vmmt_last_error());
         return;
     }

@@ -45,7 +45,7 @@ struct vmmt_pool {
     uint32_t *free_slots; /* stack of free slot numbers */
     uint32_t free_count;
 
-    pthread_mutex_t lock; /* slots, slab, counters, state below */
+    pthread_mutex_t lock;   /* slots, slab, counters, state below */
     pthread_cond_t changed; /* publishers finished, slices recycled */
     int closing, closed, active;
     int failed;

@@ -45,8 +45,7 @@ int vmmt_handle_type_parse(const char *name, vmmt_handle_type *out)
             return VMMT_OK;
         }
     }
-    return vmmt__fail(VMMT_EINVAL,
-                      "unknown handle type '%s'; use auto, fabric, posix_fd or none",
+    return vmmt__fail(VMMT_EINVAL, "unknown handle type '%s'; use auto, fabric, posix_fd or none",
                       name ? name : "(null)");
 }
 
@@ -62,22 +61,22 @@ static void try_export(const struct vmmt_drv *d, CUmemGenericAllocationHandle h,
     int fd = -1;
     void *out = c->type == VMMT_HANDLE_FABRIC ? (void *)&fabric : (void *)&fd;
 
-    c->export_result = d->cuMemExportToShareableHandle(out, h, (CUmemAllocationHandleType)c->type, 0);
+    c->export_result =
+        d->cuMemExportToShareableHandle(out, h, (CUmemAllocationHandleType)c->type, 0);
     if (fd >= 0) close(fd);
     if (c->export_result != CUDA_SUCCESS)
         snprintf(c->cause, sizeof c->cause, "cuMemExportToShareableHandle -> %s",
                  vmmt__cu_name(c->export_result));
 }
 
-static void probe_candidate(const struct vmmt_drv *d, int device, int imex,
-                            vmmt_handle_probe *c)
+static void probe_candidate(const struct vmmt_drv *d, int device, int imex, vmmt_handle_probe *c)
 {
     CUmemAllocationProp prop;
     CUmemGenericAllocationHandle h;
 
     c->export_result = -1;
-    if (vmmt__granularity(device, c->type, &c->granularity_minimum,
-                          &c->granularity_recommended) != VMMT_OK) {
+    if (vmmt__granularity(device, c->type, &c->granularity_minimum, &c->granularity_recommended) !=
+        VMMT_OK) {
         c->create_result = vmmt_last_cuda_error();
         snprintf(c->cause, sizeof c->cause, "%s", vmmt_last_error());
         return;
@@ -85,10 +84,9 @@ static void probe_candidate(const struct vmmt_drv *d, int device, int imex,
     vmmt__prop_init(&prop, device, c->type, 0);
     c->create_result = d->cuMemCreate(&h, c->granularity_minimum, &prop, 0);
     if (c->create_result != CUDA_SUCCESS) {
-        snprintf(c->cause, sizeof c->cause, "cuMemCreate -> %s%s",
-                 vmmt__cu_name(c->create_result),
+        snprintf(c->cause, sizeof c->cause, "cuMemCreate -> %s%s", vmmt__cu_name(c->create_result),
                  c->type != VMMT_HANDLE_FABRIC ? ""
-                 : imex ? " (IMEX channel directory " VMMT__IMEX_CHANNELS
+                 : imex                        ? " (IMEX channel directory " VMMT__IMEX_CHANNELS
                           " exists; check that this process may open a channel and that the "
                           "IMEX daemon runs)"
                         : " (no IMEX channel at " VMMT__IMEX_CHANNELS ")");
@@ -98,14 +96,16 @@ static void probe_candidate(const struct vmmt_drv *d, int device, int imex,
     d->cuMemRelease(h);
     c->works = c->cause[0] == '\0';
     if (c->works && c->type == VMMT_HANDLE_NONE)
-        snprintf(c->cause, sizeof c->cause, "allocations work but cannot be shared between "
-                                            "processes");
+        snprintf(c->cause, sizeof c->cause,
+                 "allocations work but cannot be shared between "
+                 "processes");
 }
 
 static int attribute_of(vmmt_handle_type t)
 {
     if (t == VMMT_HANDLE_FABRIC) return CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED;
-    if (t == VMMT_HANDLE_POSIX_FD) return CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
+    if (t == VMMT_HANDLE_POSIX_FD)
+        return CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
     return -1;
 }
 
@@ -192,7 +192,8 @@ static int run_probe(int device, vmmt_device_probe *p)
                           "GPU of compute capability 6.0 or newer with a Linux driver",
                           device, p->name);
     }
-    for (int i = 0; i < 3; i++) probe_candidate(d, device, p->imex_channels_present, &p->candidates[i]);
+    for (int i = 0; i < 3; i++)
+        probe_candidate(d, device, p->imex_channels_present, &p->candidates[i]);
     vmmt__ctx_leave();
     choose(p);
     return VMMT_OK;

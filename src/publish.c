@@ -18,7 +18,8 @@ static uint64_t element_align(const vmmt_buffer *b)
     uint64_t bytes = ((uint64_t)b->dtype.bits * (b->dtype.lanes ? b->dtype.lanes : 1) + 7) / 8;
     uint64_t a = 1;
 
-    while (a < bytes && a < VMMT__DATA_ALIGN) a <<= 1;
+    while (a < bytes && a < VMMT__DATA_ALIGN)
+        a <<= 1;
     return a;
 }
 
@@ -29,12 +30,11 @@ static int check_buffer(const vmmt_buffer *b, size_t i)
     if (b->nbytes == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has nbytes=0", i);
     if (b->ptr == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has a NULL device pointer", i);
     if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS)
-        return vmmt__fail(VMMT_EINVAL, "buffer %zu has ndim=%d; at most %d dimensions", i,
-                          b->ndim, VMMT_MAX_DIMS);
+        return vmmt__fail(VMMT_EINVAL, "buffer %zu has ndim=%d; at most %d dimensions", i, b->ndim,
+                          VMMT_MAX_DIMS);
     if (b->dtype.bits == 0) return VMMT_OK;
     for (int k = 0; k < b->ndim; k++) {
-        if (b->shape[k] < 0 ||
-            (b->shape[k] != 0 && elems > UINT64_MAX / (uint64_t)b->shape[k]))
+        if (b->shape[k] < 0 || (b->shape[k] != 0 && elems > UINT64_MAX / (uint64_t)b->shape[k]))
             return vmmt__fail(VMMT_EINVAL, "buffer %zu has an invalid shape[%d]=%" PRId64, i, k,
                               b->shape[k]);
         elems *= (uint64_t)b->shape[k];

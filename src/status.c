@@ -37,9 +37,18 @@ const char *vmmt_strerror(int status)
     return "unknown status";
 }
 
-const char *vmmt_last_error(void) { return t_msg; }
-int vmmt_last_status(void) { return t_status; }
-int vmmt_last_cuda_error(void) { return t_cuda; }
+const char *vmmt_last_error(void)
+{
+    return t_msg;
+}
+int vmmt_last_status(void)
+{
+    return t_status;
+}
+int vmmt_last_cuda_error(void)
+{
+    return t_cuda;
+}
 
 void vmmt__clear(void)
 {

@@ -45,7 +45,10 @@ int vmmt__granularity(int device, vmmt_handle_type type, size_t *minimum, size_t
     return VMMT_OK;
 }
 
-static int is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+static int is_pow2(uint64_t v)
+{
+    return v != 0 && (v & (v - 1)) == 0;
+}
 
 int vmmt__align_up(uint64_t value, uint64_t align, uint64_t *out)
 {
@@ -60,7 +63,10 @@ int vmmt__align_up(uint64_t value, uint64_t align, uint64_t *out)
     return VMMT_OK;
 }
 
-uint64_t vmmt__align_down(uint64_t value, uint64_t align) { return value & ~(align - 1); }
+uint64_t vmmt__align_down(uint64_t value, uint64_t align)
+{
+    return value & ~(align - 1);
+}
 
 int vmmt__size_policy(uint64_t requested, uint64_t granularity, int round_up, uint64_t *out)
 {
@@ -72,11 +78,11 @@ int vmmt__size_policy(uint64_t requested, uint64_t granularity, int round_up, ui
                           granularity);
     if (requested < granularity) {
         if (!round_up)
-            return vmmt__fail(VMMT_EINVAL,
-                              "memory_size=%" PRIu64 " is smaller than CUDA VMM granularity=%" PRIu64
-                              "; use at least %" PRIu64 " bytes (%" PRIu64
-                              " MiB) or enable round-up",
-                              requested, granularity, granularity, granularity >> 20);
+            return vmmt__fail(
+                VMMT_EINVAL,
+                "memory_size=%" PRIu64 " is smaller than CUDA VMM granularity=%" PRIu64
+                "; use at least %" PRIu64 " bytes (%" PRIu64 " MiB) or enable round-up",
+                requested, granularity, granularity, granularity >> 20);
         *out = granularity;
         vmmt__log(VMMT_LOG_INFO,
                   "memory_size=%" PRIu64 " rounded up to CUDA VMM granularity=%" PRIu64, requested,
@@ -108,8 +114,7 @@ static int map_handle(const struct vmmt_drv *d, struct vmmt__mapping *m)
         return vmmt__cu_fail(r, "cuMemAddressReserve(size=%" PRIu64 ")", m->size);
     m->reserved = 1;
     r = d->cuMemMap(m->base, m->size, 0, m->handle, 0);
-    if (r != CUDA_SUCCESS)
-        return vmmt__cu_fail(r, "cuMemMap(size=%" PRIu64 ")", m->size);
+    if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "cuMemMap(size=%" PRIu64 ")", m->size);
     m->mapped = 1;
     memset(&access, 0, sizeof access);
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -192,8 +197,7 @@ int vmmt__mapping_release(struct vmmt__mapping *m)
     if (d == NULL) return vmmt_last_status();
     if (m->mapped) {
         r = d->cuMemUnmap(m->base, m->size);
-        if (r != CUDA_SUCCESS)
-            return vmmt__cu_fail(r, "cuMemUnmap(size=%" PRIu64 ")", m->size);
+        if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "cuMemUnmap(size=%" PRIu64 ")", m->size);
         m->mapped = 0;
     }
     if (m->have_handle) {

@@ -22,7 +22,7 @@
 #include "status.h"
 
 #define MAX_CONSUMERS 64
-#define TIMEOUT_MS 30000
+#define TIMEOUT_MS    30000
 
 struct demo {
     int consumers;
@@ -53,9 +53,12 @@ static int parse_size(const char *s, uint64_t *out)
     uint64_t mul = 1;
 
     if (end == s) return -1;
-    if (*end == 'K' || *end == 'k') mul = 1024, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1024 * 1024, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1024ull * 1024 * 1024, end++;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024ull * 1024 * 1024, end++;
     if (*end == 'i' || *end == 'B') end++;
     if (*end == 'B') end++;
     if (*end != '\0' || v == 0) return -1;
@@ -90,9 +93,10 @@ static int parse(int argc, char **argv, struct demo *o)
     if (o->consumers < 1 || o->consumers > MAX_CONSUMERS || o->count == 0) goto bad;
     return CLI_OK;
 bad:
-    fprintf(stderr, "vmmt demo: bad arguments (consumers 1..%d, size like 4M, count >= 1)\n"
-                    "usage: vmmt demo [--consumers N] [--size BYTES] [--count N] "
-                    "[--driver cuda|emu]\n",
+    fprintf(stderr,
+            "vmmt demo: bad arguments (consumers 1..%d, size like 4M, count >= 1)\n"
+            "usage: vmmt demo [--consumers N] [--size BYTES] [--count N] "
+            "[--driver cuda|emu]\n",
             MAX_CONSUMERS);
     return CLI_ERROR;
 }
@@ -150,7 +154,8 @@ static int make_sources(struct demo *o)
 
     if (h == NULL) return VMMT_ENOMEM;
     for (uint32_t p = 0; p < DEMO_PATTERNS && st == VMMT_OK; p++) {
-        for (uint64_t j = 0; j < o->size; j++) h[j] = demo_byte(p, j);
+        for (uint64_t j = 0; j < o->size; j++)
+            h[j] = demo_byte(p, j);
         st = VMMT_CU(d, cuMemAlloc(&o->src[p], o->size));
         if (st == VMMT_OK) st = VMMT_CU(d, cuMemcpyHtoDAsync(o->src[p], h, o->size, o->stream));
         if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(o->stream));
@@ -177,7 +182,8 @@ static int collect(struct demo *o, int wait_ms)
     struct pollfd pf[MAX_CONSUMERS];
     int got = 0;
 
-    for (int k = 0; k < o->consumers; k++) pf[k] = (struct pollfd){o->sock[k], POLLIN, 0};
+    for (int k = 0; k < o->consumers; k++)
+        pf[k] = (struct pollfd){o->sock[k], POLLIN, 0};
     if (poll(pf, (nfds_t)o->consumers, wait_ms) <= 0) return 0;
     for (int k = 0; k < o->consumers; k++) {
         struct demo_reply r;
@@ -282,7 +288,8 @@ static void summary(struct demo *o, double elapsed, int drained, int bad_exits)
            (double)s.allocation_size / (1 << 20), (double)s.data_bytes / (1 << 20),
            vmmt_handle_type_name(s.handle_type), vmmt_handoff_name(s.handoff), s.slots);
     printf("consumers: %d process(es) on device(s)", o->consumers);
-    for (int k = 0; k < o->consumers && k < 8; k++) printf("%s%d", k ? ", " : " ", k % o->devices);
+    for (int k = 0; k < o->consumers && k < 8; k++)
+        printf("%s%d", k ? ", " : " ", k % o->devices);
     printf("%s\n", o->consumers > 8 ? ", ..." : "");
     printf("moved: %u buffers x %.2f MiB to %d consumer(s) = %" PRIu64 " transfers, %.1f MiB\n",
            o->count, (double)o->size / (1 << 20), o->consumers, o->replies, moved / (1 << 20));

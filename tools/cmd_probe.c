@@ -30,8 +30,9 @@ static int parse(int argc, char **argv, struct probe_opts *o)
         } else if (strcmp(argv[i], "--driver") == 0 && i + 1 < argc) {
             o->driver = argv[++i];
         } else {
-            fprintf(stderr, "vmmt probe: unknown option '%s'\n"
-                            "usage: vmmt probe [--device N] [--json] [--driver cuda|emu]\n",
+            fprintf(stderr,
+                    "vmmt probe: unknown option '%s'\n"
+                    "usage: vmmt probe [--device N] [--json] [--driver cuda|emu]\n",
                     argv[i]);
             return CLI_ERROR;
         }
@@ -58,7 +59,9 @@ static void text_device(const vmmt_device_probe *p, int st)
         snprintf(gran, sizeof gran, "%zu KiB / %zu KiB", c->granularity_minimum >> 10,
                  c->granularity_recommended >> 10);
         snprintf(exp, sizeof exp, "%s",
-                 c->export_result < 0 ? "-" : c->export_result == 0 ? "ok" : "failed");
+                 c->export_result < 0    ? "-"
+                 : c->export_result == 0 ? "ok"
+                                         : "failed");
         printf("  %-9s %-9s %-19s %-26s %-8s %s\n", upper(c->type), attr, gran,
                c->create_result == 0 ? "ok" : "failed", exp, c->works ? "" : c->cause);
     }
@@ -85,9 +88,9 @@ static void json_device(const vmmt_device_probe *p, int st, int first)
         printf("%s\n       {\"type\": \"%s\", \"attribute\": %d, \"granularity_minimum\": %zu, "
                "\"granularity_recommended\": %zu, \"create_result\": %d, \"export_result\": %d, "
                "\"works\": %s, \"cause\": ",
-               i ? "," : "", vmmt_handle_type_name(c->type), c->attribute,
-               c->granularity_minimum, c->granularity_recommended, c->create_result,
-               c->export_result, c->works ? "true" : "false");
+               i ? "," : "", vmmt_handle_type_name(c->type), c->attribute, c->granularity_minimum,
+               c->granularity_recommended, c->create_result, c->export_result,
+               c->works ? "true" : "false");
         cli_json_string(stdout, c->cause);
         printf("}");
     }
@@ -128,7 +131,8 @@ int cmd_probe(int argc, char **argv)
         return CLI_ERROR;
     }
     if (o.device >= count) {
-        fprintf(stderr, "vmmt probe: device %d does not exist; the %s driver reports %d device(s)\n",
+        fprintf(stderr,
+                "vmmt probe: device %d does not exist; the %s driver reports %d device(s)\n",
                 o.device, driver, count);
         return CLI_ERROR;
     }

@@ -63,8 +63,7 @@ static void serve_one(struct consumer_ctx *c, const struct demo_msg *m, struct d
     if (st == VMMT_OK) r->first_bad = check(c->host, info.nbytes, m->pattern);
     if (st == VMMT_OK && r->first_bad != info.nbytes) {
         st = VMMT_EPROTO;
-        snprintf(r->error, sizeof r->error, "byte %llu differs",
-                 (unsigned long long)r->first_bad);
+        snprintf(r->error, sizeof r->error, "byte %llu differs", (unsigned long long)r->first_bad);
     } else if (st != VMMT_OK) {
         snprintf(r->error, sizeof r->error, "%s", vmmt_last_error());
     }

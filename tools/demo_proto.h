@@ -6,7 +6,7 @@
 
 #include "vmmt.h"
 
-#define DEMO_END UINT32_MAX
+#define DEMO_END      UINT32_MAX
 #define DEMO_PATTERNS 4
 
 struct demo_msg {

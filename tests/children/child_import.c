@@ -30,7 +30,8 @@ static int check_and_write(struct vmmt__mapping *m)
                     (unsigned char)(i * 7 + 1));
             ok = 0;
         }
-    for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)(i * 3 + 5);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (unsigned char)(i * 3 + 5);
     if (ok && (d->cuMemcpyHtoDAsync(m->base, buf, n, NULL) != CUDA_SUCCESS ||
                d->cuStreamSynchronize(NULL) != CUDA_SUCCESS))
         ok = 0;

@@ -12,9 +12,9 @@
 #include "cuabi.h"
 #endif
 
-#define SIZE(t) printf("sizeof(%s) = %zu\n", #t, sizeof(t))
+#define SIZE(t)   printf("sizeof(%s) = %zu\n", #t, sizeof(t))
 #define OFF(t, f) printf("offsetof(%s, %s) = %zu\n", #t, #f, offsetof(t, f))
-#define VAL(c) printf("%s = %lld\n", #c, (long long)(c))
+#define VAL(c)    printf("%s = %lld\n", #c, (long long)(c))
 
 int main(void)
 {

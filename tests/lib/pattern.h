@@ -12,7 +12,8 @@ static inline uint8_t tu_pattern_byte(uint32_t buffer, size_t j)
 
 static inline void tu_pattern_fill(uint8_t *p, size_t n, uint32_t buffer)
 {
-    for (size_t j = 0; j < n; j++) p[j] = tu_pattern_byte(buffer, j);
+    for (size_t j = 0; j < n; j++)
+        p[j] = tu_pattern_byte(buffer, j);
 }
 
 /* Index of the first wrong byte, or n when all match. */
@@ -33,7 +34,7 @@ struct tu_msg {
 /* The consumer's answer for one buffer. */
 struct tu_reply {
     uint32_t index;
-    int32_t status; /* vmmt status of the consume */
+    int32_t status;     /* vmmt status of the consume */
     uint64_t first_bad; /* == nbytes when every byte matched */
 };
 

@@ -70,9 +70,8 @@ void tu_resources_check_(const tu_resources *before, const char *file, int line)
     }
     if (now.fds != before->fds || now.maps != before->maps || now.threads != before->threads)
         _fail(file, line),
-            print_error("leak: fds %d -> %d, mappings %d -> %d, threads %d -> %d\n",
-                        before->fds, now.fds, before->maps, now.maps, before->threads,
-                        now.threads);
+            print_error("leak: fds %d -> %d, mappings %d -> %d, threads %d -> %d\n", before->fds,
+                        now.fds, before->maps, now.maps, before->threads, now.threads);
 }
 
 void tu_use_test_driver(void)
@@ -103,7 +102,8 @@ pid_t tu_spawn(const char *name, char *const argv[], int extra_fd)
 
     tu_child_path(name, path, sizeof path);
     args[n++] = path;
-    for (int i = 0; argv != NULL && argv[i] != NULL && n < 31; i++) args[n++] = argv[i];
+    for (int i = 0; argv != NULL && argv[i] != NULL && n < 31; i++)
+        args[n++] = argv[i];
     args[n] = NULL;
     pid = fork();
     if (pid == 0) {

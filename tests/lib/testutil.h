@@ -52,20 +52,20 @@ pid_t tu_spawn(const char *name, char *const argv[], int extra_fd);
 int tu_wait(pid_t pid, int timeout_ms);
 
 /* assert_int_equal with the library's message printed when it fails. */
-#define assert_vmmt_ok(expr)                                                                 \
-    do {                                                                                     \
-        int tu_st_ = (expr);                                                                 \
-        if (tu_st_ != VMMT_OK)                                                               \
-            print_error("%s -> %d (%s): %s\n", #expr, tu_st_, vmmt_strerror(tu_st_),         \
-                        vmmt_last_error());                                                  \
-        assert_int_equal(tu_st_, VMMT_OK);                                                   \
+#define assert_vmmt_ok(expr)                                                                       \
+    do {                                                                                           \
+        int tu_st_ = (expr);                                                                       \
+        if (tu_st_ != VMMT_OK)                                                                     \
+            print_error("%s -> %d (%s): %s\n", #expr, tu_st_, vmmt_strerror(tu_st_),               \
+                        vmmt_last_error());                                                        \
+        assert_int_equal(tu_st_, VMMT_OK);                                                         \
     } while (0)
 
 /* Check that the thread's last message contains text. */
-#define assert_error_contains(text)                                                          \
-    do {                                                                                     \
-        if (strstr(vmmt_last_error(), (text)) == NULL)                                       \
-            fail_msg("message lacks \"%s\": %s", (text), vmmt_last_error());                 \
+#define assert_error_contains(text)                                                                \
+    do {                                                                                           \
+        if (strstr(vmmt_last_error(), (text)) == NULL)                                             \
+            fail_msg("message lacks \"%s\": %s", (text), vmmt_last_error());                       \
     } while (0)
 
 #endif

@@ -15,7 +15,8 @@ static void test_wrap_keeps_cause(void **state)
 static void test_strerror_never_null(void **state)
 {
     (void)state;
-    for (int s = -20; s <= 0; s++) assert_non_null(vmmt_strerror(s));
+    for (int s = -20; s <= 0; s++)
+        assert_non_null(vmmt_strerror(s));
     assert_string_equal(vmmt_strerror(VMMT_EFULL), "pool is full");
 }
 

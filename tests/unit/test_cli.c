@@ -1,0 +1,163 @@
+/*
+ * The vmmt tool as a user runs it: exit codes and what it prints, on the
+ * emulated driver and with no driver at all.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define OUT_CAP (64 * 1024)
+
+/* Run the tool with extra environment "K=V" entries; returns its exit code. */
+static int run_tool(const char *const env[], const char *const args[], char *out)
+{
+    const char *tool = getenv("VMMT_TEST_TOOL");
+    char *argv[16];
+    int pipefd[2], status, n = 0;
+    size_t len = 0;
+    ssize_t got;
+    pid_t pid;
+
+    assert_non_null(tool);
+    argv[n++] = (char *)tool;
+    for (int i = 0; args[i] != NULL && n < 15; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    assert_int_equal(pipe(pipefd), 0);
+    pid = fork();
+    if (pid == 0) {
+        dup2(pipefd[1], 1);
+        dup2(pipefd[1], 2);
+        close(pipefd[0]);
+        unsetenv("VMMT_DRIVER");
+        unsetenv("VMMT_EMU_HANDLES");
+        unsetenv("VMMT_HANDLE_TYPE");
+        for (int i = 0; env != NULL && env[i] != NULL; i++)
+            putenv((char *)env[i]);
+        execv(tool, argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    while ((got = read(pipefd[0], out + len, OUT_CAP - 1 - len)) > 0)
+        len += (size_t)got;
+    out[len] = '\0';
+    close(pipefd[0]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+#define assert_contains(hay, needle)                                                               \
+    do {                                                                                           \
+        if (strstr((hay), (needle)) == NULL)                                                       \
+            fail_msg("output lacks \"%s\":\n%s", (needle), (hay));                                 \
+    } while (0)
+
+static char g_out[OUT_CAP];
+
+static void test_probe_emu_default(void **state)
+{
+    const char *env[] = {"VMMT_DRIVER=emu", NULL};
+    const char *args[] = {"probe", "--json", NULL};
+    (void)state;
+    assert_int_equal(run_tool(env, args, g_out), 0);
+    assert_contains(g_out, "\"driver\": \"emu\"");
+    assert_contains(g_out, "\"selected\": \"posix_fd\"");
+    assert_contains(g_out, "\"type\": \"fabric\", \"attribute\": 1");
+    assert_contains(g_out, "\"create_result\": 800");
+    assert_contains(g_out, "CUDA_ERROR_NOT_PERMITTED (no IMEX channel");
+}
+
+static void test_probe_emu_fabric(void **state)
+{
+    const char *env[] = {"VMMT_EMU_HANDLES=fabric,posix_fd", NULL};
+    const char *args[] = {"probe", "--json", "--driver", "emu", NULL};
+    (void)state;
+    assert_int_equal(run_tool(env, args, g_out), 0);
+    assert_contains(g_out, "\"selected\": \"fabric\"");
+}
+
+static void test_probe_emu_none(void **state)
+{
+    const char *env[] = {"VMMT_DRIVER=emu", "VMMT_EMU_HANDLES=none", NULL};
+    const char *args[] = {"probe", NULL};
+    (void)state;
+    assert_int_equal(run_tool(env, args, g_out), 3);
+    assert_contains(g_out, "no supported CUDA VMM allocation handle type");
+    assert_contains(g_out, "FABRIC: cuMemCreate -> CUDA_ERROR_NOT_PERMITTED");
+    assert_contains(g_out, "POSIX_FD: cuMemCreate -> CUDA_ERROR_NOT_SUPPORTED");
+    assert_contains(g_out, "NONE: allocations work but cannot be shared");
+}
+
+static void test_probe_no_driver(void **state)
+{
+    const char *env[] = {"VMMT_LIBCUDA=/nonexistent/libcuda.so.1", NULL};
+    const char *args[] = {"probe", NULL};
+    (void)state;
+    assert_int_equal(run_tool(env, args, g_out), 2);
+    assert_true(strncmp(g_out,
+                        "vmmt probe: no NVIDIA driver: /nonexistent/libcuda.so.1 could "
+                        "not be loaded",
+                        60) == 0);
+}
+
+static void test_probe_bad_args(void **state)
+{
+    const char *args[] = {"probe", "--frobnicate", NULL};
+    const char *args2[] = {"probe", "--driver", "opencl", NULL};
+    (void)state;
+    assert_int_equal(run_tool(NULL, args, g_out), 2);
+    assert_contains(g_out, "unknown option '--frobnicate'");
+    assert_int_equal(run_tool(NULL, args2, g_out), 2);
+    assert_contains(g_out, "unknown driver 'opencl'");
+}
+
+static void test_demo_emu(void **state)
+{
+    const char *args[] = {"demo",    "--driver", "emu",    "--consumers", "3",
+                          "--count", "40",       "--size", "96K",         NULL};
+    (void)state;
+    assert_int_equal(run_tool(NULL, args, g_out), 0);
+    assert_contains(g_out, "verified: 120 of 120 byte for byte, 0 failed");
+    assert_contains(g_out, "40 recycled, 0 in flight");
+    assert_contains(g_out, "result: OK");
+}
+
+static void test_demo_falls_back_without_gpu(void **state)
+{
+    const char *env[] = {"VMMT_LIBCUDA=/nonexistent/libcuda.so.1", NULL};
+    const char *args[] = {"demo", "--count", "8", "--size", "1M", NULL};
+    (void)state;
+    assert_int_equal(run_tool(env, args, g_out), 0);
+    assert_true(strncmp(g_out, "vmmt demo: no GPU here (no NVIDIA driver", 40) == 0);
+    assert_contains(g_out, "running on the emulated driver");
+    assert_contains(g_out, "result: OK");
+}
+
+static void test_demo_pool_pressure(void **state)
+{
+    /* 64 MiB pool, 8 MiB buffers, 3 consumers: publishes must wait for recycling. */
+    const char *args[] = {"demo",    "--driver", "emu",    "--consumers", "3",
+                          "--count", "30",       "--size", "8M",          NULL};
+    (void)state;
+    assert_int_equal(run_tool(NULL, args, g_out), 0);
+    assert_contains(g_out, "result: OK");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_probe_emu_default),
+        cmocka_unit_test(test_probe_emu_fabric),
+        cmocka_unit_test(test_probe_emu_none),
+        cmocka_unit_test(test_probe_no_driver),
+        cmocka_unit_test(test_probe_bad_args),
+        cmocka_unit_test(test_demo_emu),
+        cmocka_unit_test(test_demo_falls_back_without_gpu),
+        cmocka_unit_test(test_demo_pool_pressure),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
