@@ -68,11 +68,12 @@ void tu_resources_check_(const tu_resources *before, const char *file, int line)
         if (now.threads <= before->threads) break;
         usleep(1000);
     }
-    if (now.fds != before->fds || now.maps != before->maps || now.threads != before->threads)
-        _fail(file, line),
-            print_error("leak: fds %d -> %d, mappings %d -> %d, threads %d -> %d\n",
-                        before->fds, now.fds, before->maps, now.maps, before->threads,
-                        now.threads);
+    /* Print first: _fail does not return. */
+    if (now.fds != before->fds || now.maps != before->maps || now.threads != before->threads) {
+        print_error("leak: fds %d -> %d, mappings %d -> %d, threads %d -> %d\n", before->fds,
+                    now.fds, before->maps, now.maps, before->threads, now.threads);
+        _fail(file, line);
+    }
 }
 
 void tu_use_test_driver(void)
