@@ -232,6 +232,8 @@ static void configure_locked(void)
     g_cfg.wait_imported = env_number("VMMT_EMU_WAIT_IMPORTED", 1) != 0;
     g_cfg.total_mem = env_number("VMMT_EMU_TOTAL_MEM", DEFAULT_TOTAL_MEM);
     read_fail_rules();
+    for (int i = 0; i < EMU_MAX_DEVICES; i++)
+        g_ctx[i].device = i;
     for (int i = 0; i < EMU_N_ENTRIES; i++)
         atomic_store(&g_calls[i], 0);
     atomic_store(&g_have_rules, g_nrules > 0);
@@ -419,7 +421,6 @@ CUresult vmmt__emu_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     EMU_ENTER(cuDevicePrimaryCtxRetain, 1);
     if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
     if (!vmmt__emu_device_ok(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    g_ctx[dev].device = dev;
     atomic_fetch_add(&g_ctx[dev].refs, 1);
     *ctx = &g_ctx[dev];
     return CUDA_SUCCESS;

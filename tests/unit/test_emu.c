@@ -262,6 +262,7 @@ static void test_contexts(void **state)
     CUcontext cur, ctx1, popped;
     CUdeviceptr p;
     CUstream s;
+    CUevent e1;
 
     (void)state;
     assert_cu_ok(d->cuCtxGetCurrent(&cur));
@@ -271,8 +272,12 @@ static void test_contexts(void **state)
     assert_cu_ok(d->cuCtxPushCurrent(ctx1));
     assert_cu_ok(d->cuCtxGetCurrent(&cur));
     assert_ptr_equal(cur, ctx1);
+    assert_cu_ok(d->cuEventCreate(&e1, 0));
     assert_cu_ok(d->cuCtxPopCurrent(&popped));
     assert_ptr_equal(popped, ctx1);
+    /* An event of device 1 cannot record in device 0's context. */
+    assert_cu(d->cuEventRecord(e1, NULL), CUDA_ERROR_INVALID_HANDLE);
+    assert_cu_ok(d->cuEventDestroy(e1));
     assert_cu_ok(d->cuDevicePrimaryCtxRelease(1));
     assert_cu(d->cuDevicePrimaryCtxRelease(1), CUDA_ERROR_INVALID_CONTEXT);
 
@@ -740,6 +745,7 @@ static void test_copy_inaccessible(void **state)
     static unsigned char buf[4096];
     CUmemGenericAllocationHandle h;
     CUdeviceptr r, blk;
+    CUcontext ctx1;
     CUstream s;
 
     (void)state;
@@ -754,6 +760,11 @@ static void test_copy_inaccessible(void **state)
     assert_cu(d->cuMemcpyDtoHAsync(buf, r, sizeof buf, NULL), CUDA_ERROR_INVALID_VALUE);
     assert_cu_ok(grant(r, GRAN, 1, RW));
     assert_cu(d->cuMemcpyHtoDAsync(r, buf, sizeof buf, s), CUDA_ERROR_INVALID_VALUE);
+    assert_cu_ok(d->cuDevicePrimaryCtxRetain(&ctx1, 1));
+    assert_cu_ok(d->cuCtxPushCurrent(ctx1)); /* device 1 may read it */
+    assert_cu_ok(d->cuMemcpyDtoHAsync(buf, r, 16, NULL));
+    assert_cu_ok(d->cuCtxPopCurrent(NULL));
+    assert_cu_ok(d->cuDevicePrimaryCtxRelease(1));
     assert_cu_ok(grant(r, GRAN, 0, CU_MEM_ACCESS_FLAGS_PROT_READ));
     assert_cu(d->cuMemcpyHtoDAsync(r, buf, sizeof buf, s), CUDA_ERROR_INVALID_VALUE);
     assert_cu(d->cuMemsetD8Async(r, 1, 1, s), CUDA_ERROR_INVALID_VALUE);
