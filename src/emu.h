@@ -11,4 +11,23 @@
 
 void vmmt__emu_configure(void);
 
+/*
+ * What this process holds in the emulator now, for leak checks: physical
+ * allocations still alive (by handle or mapping, imports included), address
+ * reservations, mappings, streams, events, and cuMemAlloc/cuMemAllocHost
+ * blocks.
+ */
+int vmmt__emu_live_allocations(void);
+int vmmt__emu_live_reservations(void);
+int vmmt__emu_live_mappings(void);
+int vmmt__emu_live_streams(void);
+int vmmt__emu_live_events(void);
+int vmmt__emu_live_blocks(void);
+
+/*
+ * Calls of the entry point named `entry` (e.g. "cuMemMap") since the last
+ * configure, failed ones included; -1 for a name that is no entry point.
+ */
+long vmmt__emu_calls(const char *entry);
+
 #endif

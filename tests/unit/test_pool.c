@@ -1,0 +1,662 @@
+/*
+ * The transport: producer pool, consumer, recycling, failure and shutdown.
+ * Runs on the emulator (and on a GPU with VMMT_TEST_DRIVER=cuda, where the
+ * cases that need the emulator's settings or fault injection skip).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "driver.h"
+#include "emu.h"
+#include "vmm.h"
+#include "pattern.h"
+#include "status.h"
+#include "testutil.h"
+
+#define MiB (1024ull * 1024)
+
+struct fixture {
+    tu_resources before;
+    vmmt_pool *pool;
+    vmmt_consumer *consumer;
+    CUstream stream;
+    CUdeviceptr src, dst;
+    size_t cap;
+};
+
+static int on_emu(void) { return strcmp(vmmt_driver_name(), "emu") == 0; }
+
+static void emu_reset(void)
+{
+    if (!on_emu()) return;
+    unsetenv("VMMT_EMU_FAIL");
+    unsetenv("VMMT_EMU_HANDLES");
+    unsetenv("VMMT_EMU_WAIT_IMPORTED");
+    vmmt__emu_configure();
+    vmmt_probe_reset();
+}
+
+static void emu_fail(const char *spec)
+{
+    setenv("VMMT_EMU_FAIL", spec, 1);
+    vmmt__emu_configure();
+}
+
+static vmmt_pool_config config(uint64_t size, int consumers)
+{
+    vmmt_pool_config c;
+    vmmt_pool_config_init(&c);
+    c.memory_size = size;
+    c.consumer_count = consumers;
+    c.max_slices = 64;
+    return c;
+}
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof *f);
+    const struct vmmt_drv *d = vmmt__drv();
+
+    emu_reset();
+    /* Warm the probe cache and the primary context before counting resources. */
+    vmmt_handle_type t;
+    vmmt_select_handle_type(0, &t);
+    vmmt__ctx_enter(0);
+    tu_resources_take(&f->before);
+    f->cap = 8 * MiB;
+    assert_int_equal(d->cuStreamCreate(&f->stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(d->cuMemAlloc(&f->src, f->cap), CUDA_SUCCESS);
+    assert_int_equal(d->cuMemAlloc(&f->dst, f->cap), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &f->consumer));
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    const struct vmmt_drv *d = vmmt__drv();
+
+    emu_reset();
+    d->cuStreamSynchronize(f->stream);
+    vmmt_consumer_destroy(f->consumer);
+    vmmt_pool_destroy(f->pool);
+    d->cuMemFree(f->src);
+    d->cuMemFree(f->dst);
+    d->cuStreamDestroy(f->stream);
+    tu_resources_check(&f->before);
+    vmmt__ctx_leave();
+    free(f);
+    return 0;
+}
+
+/* Write buffer i's pattern at src + off. */
+static void put(struct fixture *f, CUdeviceptr at, size_t n, uint32_t i)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    uint8_t *h = malloc(n);
+    tu_pattern_fill(h, n, i);
+    assert_int_equal(d->cuMemcpyHtoDAsync(at, h, n, f->stream), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    free(h);
+}
+
+static void expect(struct fixture *f, CUdeviceptr at, size_t n, uint32_t i)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    uint8_t *h = malloc(n);
+    assert_int_equal(d->cuMemcpyDtoHAsync(h, at, n, f->stream), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_int_equal(tu_pattern_check(h, n, i), n);
+    free(h);
+}
+
+static vmmt_buffer bytes(CUdeviceptr p, size_t n)
+{
+    vmmt_buffer b;
+    memset(&b, 0, sizeof b);
+    b.ptr = p;
+    b.nbytes = n;
+    return b;
+}
+
+static vmmt_pool_stats stats(vmmt_pool *p)
+{
+    vmmt_pool_stats s;
+    assert_vmmt_ok(vmmt_pool_get_stats(p, &s));
+    return s;
+}
+
+/* ------------------------------------------------------------ config */
+
+static void test_config_errors(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4096, 1);
+
+    assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
+    assert_error_contains("memory_size=4096 is smaller than CUDA VMM granularity=");
+    assert_error_contains("or enable round-up");
+    c.round_up = 1;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_true(stats(f->pool).allocation_size >= 4096);
+    c = config(0, 1);
+    assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
+    assert_error_contains("memory_size must be positive");
+    c = config(4 * MiB, 0);
+    assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
+    assert_error_contains("consumer_count must be positive");
+    c = config(4 * MiB, 1);
+    c.recycle_interval_us = 0;
+    assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
+    assert_error_contains("recycle_interval must be positive");
+}
+
+static void test_size_rounds_down(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(5 * MiB, 1);
+    size_t g = 0, r = 0;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt__granularity(0, VMMT_HANDLE_POSIX_FD, &g, &r));
+    assert_int_equal(stats(f->pool).allocation_size, 5 * MiB / g * g);
+}
+
+/* ------------------------------------------------------- round trips */
+
+static void roundtrip(struct fixture *f, size_t n, uint32_t i)
+{
+    vmmt_buffer b = bytes(f->src, n);
+    vmmt_desc d;
+
+    put(f, f->src, n, i);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, n, i);
+}
+
+static void test_roundtrip_in_process(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(16 * MiB, 1);
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    for (uint32_t i = 0; i < 20; i++) roundtrip(f, 1000 + i * 4099, i);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).recycled, 20);
+    assert_int_equal(stats(f->pool).in_flight, 0);
+    assert_int_equal(vmmt_consumer_pool_count(f->consumer), 1);
+}
+
+static void test_typed_descriptor(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 2 * 3 * 4 * 2);
+    vmmt_desc_info info;
+    vmmt_desc d;
+
+    b.dtype.code = 2; /* float */
+    b.dtype.bits = 16;
+    b.dtype.lanes = 1;
+    b.ndim = 3;
+    b.shape[0] = 2, b.shape[1] = 3, b.shape[2] = 4;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_vmmt_ok(vmmt_desc_inspect(&d, &info));
+    assert_int_equal(info.nbytes, 48);
+    assert_int_equal(info.ndim, 3);
+    assert_int_equal(info.shape[2], 4);
+    assert_int_equal(info.dtype.bits, 16);
+    assert_int_equal(info.consumer_count, 1);
+    b.shape[2] = 5;
+    assert_int_equal(vmmt_publish(f->pool, &b, f->stream, &d), VMMT_EINVAL);
+    assert_error_contains("shape and dtype give 60 bytes but nbytes=48");
+    assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, VMMT_ALL_RANKS, 0));
+}
+
+static void spawn_consumer(int device, int first, int count, int *sock, pid_t *pid)
+{
+    int sv[2];
+    char dev[16], a[16], b[16];
+    char *argv[] = {dev, a, b, NULL};
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    snprintf(dev, sizeof dev, "%d", device);
+    snprintf(a, sizeof a, "%d", first);
+    snprintf(b, sizeof b, "%d", count);
+    *pid = tu_spawn("consumer_child", argv, sv[1]);
+    assert_true(*pid > 0);
+    close(sv[1]);
+    *sock = sv[0];
+}
+
+static void send_desc(int sock, uint32_t i, const vmmt_desc *d)
+{
+    struct tu_msg m;
+    memset(&m, 0, sizeof m);
+    m.index = i;
+    if (d) memcpy(m.desc, d->bytes, sizeof m.desc);
+    assert_int_equal(write(sock, &m, sizeof m), sizeof m);
+}
+
+static void expect_reply(int sock, uint32_t i)
+{
+    struct tu_reply r;
+    assert_int_equal(read(sock, &r, sizeof r), sizeof r);
+    assert_int_equal(r.index, i);
+    assert_int_equal(r.status, VMMT_OK);
+}
+
+/* Producer here, one consumer process per device, every buffer to every consumer. */
+static void multi_process(struct fixture *f, int consumers, uint32_t count, size_t n)
+{
+    int sock[4];
+    pid_t pid[4];
+    int devices = 1;
+    vmmt_device_count(&devices);
+
+    for (int k = 0; k < consumers; k++) spawn_consumer(k % devices, k, 1, &sock[k], &pid[k]);
+    for (uint32_t i = 0; i < count; i++) {
+        vmmt_buffer b = bytes(f->src, n);
+        vmmt_desc d;
+        put(f, f->src, n, i);
+        assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+        for (int k = 0; k < consumers; k++) send_desc(sock[k], i, &d);
+        for (int k = 0; k < consumers; k++) expect_reply(sock[k], i);
+    }
+    for (int k = 0; k < consumers; k++) {
+        send_desc(sock[k], UINT32_MAX, NULL);
+        assert_int_equal(tu_wait(pid[k], 30000), 0);
+        close(sock[k]);
+    }
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).recycled, count);
+}
+
+static void test_two_consumers_two_devices(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(16 * MiB, 2);
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    multi_process(f, 2, 8, 1 * MiB + 17);
+    assert_true(stats(f->pool).broker_served >= 2);
+}
+
+static void test_fabric_roundtrip(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(8 * MiB, 1);
+
+    if (!on_emu()) skip();
+    setenv("VMMT_EMU_HANDLES", "fabric,posix_fd", 1);
+    vmmt__emu_configure();
+    vmmt_probe_reset();
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_int_equal(stats(f->pool).handle_type, VMMT_HANDLE_FABRIC);
+    multi_process(f, 1, 4, 300000);
+    assert_int_equal(stats(f->pool).broker_served, 0);
+}
+
+static char g_logged[1024];
+static void capture(vmmt_log_level level, const char *msg, void *user)
+{
+    (void)user;
+    if (level == VMMT_LOG_WARN) snprintf(g_logged, sizeof g_logged, "%s", msg);
+}
+
+static void test_fabric_fallback(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(8 * MiB, 1);
+
+    if (!on_emu()) skip();
+    c.handle_type = VMMT_HANDLE_FABRIC;
+    c.allow_posix_fallback = 0;
+    assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_ENOTSUP);
+    assert_error_contains("requires FABRIC");
+    assert_error_contains("CUDA_ERROR_NOT_PERMITTED");
+    c.allow_posix_fallback = 1;
+    g_logged[0] = '\0';
+    vmmt_set_log(capture, NULL);
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    vmmt_set_log(NULL, NULL);
+    assert_non_null(strstr(g_logged, "falling back to POSIX_FD"));
+    assert_int_equal(stats(f->pool).handle_type, VMMT_HANDLE_POSIX_FD);
+    assert_true(stats(f->pool).fell_back_to_posix);
+    roundtrip(f, 5000, 1);
+}
+
+/* ----------------------------------------------------------- packing */
+
+static void test_packed(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(8 * MiB, 1);
+    vmmt_buffer b[3] = {bytes(f->src, 1001), bytes(f->src + 4096, 64), bytes(f->src + 8192, 7)};
+    vmmt_desc d[3];
+    vmmt_desc_info info;
+
+    b[1].dtype.code = 2, b[1].dtype.bits = 64, b[1].dtype.lanes = 1, b[1].ndim = 1;
+    b[1].shape[0] = 8;
+    for (int i = 0; i < 3; i++) put(f, b[i].ptr, b[i].nbytes, (uint32_t)i);
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish_packed(f->pool, b, 3, f->stream, d));
+    assert_vmmt_ok(vmmt_desc_inspect(&d[1], &info));
+    assert_int_equal(info.pack_count, 3);
+    assert_int_equal(info.pack_index, 1);
+    for (int i = 0; i < 3; i++) {
+        assert_vmmt_ok(vmmt_consume(f->consumer, &d[i], 0, f->dst + (uint64_t)i * 8192, 8192,
+                                    f->stream, VMMT_ALL_RANKS, 0));
+        if (i < 2) { /* not acknowledged until every member is consumed */
+            assert_vmmt_ok(vmmt_pool_reclaim(f->pool, NULL));
+            assert_int_equal(stats(f->pool).in_flight, 1);
+        }
+    }
+    for (int i = 0; i < 3; i++) expect(f, f->dst + (uint64_t)i * 8192, b[i].nbytes, (uint32_t)i);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).recycled, 1);
+    assert_int_equal(stats(f->pool).published, 3);
+    assert_int_equal(vmmt_consume(f->consumer, &d[0], 0, f->dst, 8192, f->stream,
+                                  VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+}
+
+/* ------------------------------------------------------- generations */
+
+static void test_stale_ack_cannot_free_new_occupant(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 2);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d1, d2;
+    vmmt_desc_info i1, i2;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d1));
+    assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d1, 0, f->stream, VMMT_ALL_RANKS, 0));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d2));
+    assert_vmmt_ok(vmmt_desc_inspect(&d1, &i1));
+    assert_vmmt_ok(vmmt_desc_inspect(&d2, &i2));
+    assert_int_equal(i1.slot, i2.slot); /* the slot was reused ... */
+    assert_int_not_equal(i1.generation, i2.generation);
+    /* ... so the acknowledgements left by d1 must not free d2. */
+    assert_int_equal(vmmt_consumer_ack(f->consumer, &d1, 0, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+    assert_vmmt_ok(vmmt_pool_reclaim(f->pool, NULL));
+    assert_int_equal(stats(f->pool).in_flight, 1);
+    /* Rank 0 alone is not enough either. */
+    assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d2, 0, f->stream, 0, 1));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt_pool_reclaim(f->pool, NULL));
+    assert_int_equal(stats(f->pool).in_flight, 1);
+    assert_int_equal(vmmt_consumer_ack(f->consumer, &d2, 0, f->stream, 0, 1), VMMT_ESTATE);
+    assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d2, 0, f->stream, 1, 1));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/* ------------------------------------------------------------ cancel */
+
+static void test_cancel(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b[2] = {bytes(f->src, 100), bytes(f->src + 4096, 200)};
+    vmmt_desc d, p[2];
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b[0], f->stream, &d));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &d));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &d));
+    assert_vmmt_ok(vmmt_publish_packed(f->pool, b, 2, f->stream, p));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &p[0]));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &p[1]));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &p[0]));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).cancelled, 2);
+    assert_int_equal(stats(f->pool).recycled, 0);
+    assert_int_equal(stats(f->pool).in_flight, 0);
+}
+
+/* -------------------------------------------------------- full, big */
+
+static void test_full_and_too_big(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(2 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 512 * 1024);
+    vmmt_desc d[8];
+    int n = 0, st;
+
+    c.max_slices = 8;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    while ((st = vmmt_publish(f->pool, &b, f->stream, &d[n])) == VMMT_OK) n++;
+    assert_int_equal(st, VMMT_EFULL);
+    assert_int_equal(n, 3); /* the control table takes the front of the 2 MiB */
+    assert_error_contains("pool is full");
+    assert_int_equal(stats(f->pool).full, 1);
+    b.nbytes = 4 * MiB;
+    assert_int_equal(vmmt_publish(f->pool, &b, f->stream, &d[n]), VMMT_ETOOBIG);
+    assert_error_contains("can never fit");
+    for (int i = 0; i < n; i++)
+        assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d[i], 0, f->stream, VMMT_ALL_RANKS, 0));
+    /* A publish that finds the pool full reclaims on demand. */
+    b.nbytes = 512 * 1024;
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d[0]));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &d[0]));
+}
+
+/* ----------------------------------------------------------- failure */
+
+static void test_failed_copy_rolls_back(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+
+    if (!on_emu()) skip();
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    emu_fail("cuMemcpyDtoDAsync:1:CUDA_ERROR_INVALID_VALUE");
+    assert_int_equal(vmmt_publish(f->pool, &b, f->stream, &d), VMMT_ECUDA);
+    assert_error_contains("cuMemcpyDtoDAsync");
+    assert_int_equal(stats(f->pool).in_flight, 0);
+    emu_reset();
+    roundtrip(f, 4096, 3);
+}
+
+static void test_failed_sync_quarantines(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+    uint32_t freed;
+
+    if (!on_emu()) skip();
+    c.handoff = VMMT_HANDOFF_SYNC;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    emu_fail("cuStreamSynchronize:1:CUDA_ERROR_LAUNCH_FAILED");
+    assert_int_equal(vmmt_publish(f->pool, &b, f->stream, &d), VMMT_EFAILED);
+    emu_reset();
+    assert_int_equal(vmmt_publish(f->pool, &b, f->stream, &d), VMMT_EFAILED);
+    assert_error_contains("CUDA_ERROR_LAUNCH_FAILED");
+    assert_error_contains("destroy it and create a new one");
+    assert_int_equal(vmmt_pool_reclaim(f->pool, &freed), VMMT_EFAILED);
+}
+
+static void test_consumer_failure_releases_slice(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+
+    if (!on_emu()) skip();
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    emu_fail("cuMemcpyDtoDAsync:1:CUDA_ERROR_INVALID_VALUE");
+    assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_ECUDA);
+    emu_reset();
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000)); /* acknowledged all the same */
+    assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+    assert_error_contains("already consumed");
+}
+
+static void test_setup_failure_closes_export(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+
+    c.broker_path = "/nonexistent-vmmt-dir/broker.sock";
+    assert_int_not_equal(vmmt_pool_create(&c, &f->pool), VMMT_OK);
+    assert_null(f->pool);
+    if (on_emu()) assert_int_equal(vmmt__emu_live_allocations(), 0);
+    /* teardown checks that no descriptor, mapping or thread is left */
+}
+
+/* ---------------------------------------------------------- shutdown */
+
+struct blocked_publish {
+    vmmt_pool *pool;
+    vmmt_buffer buf;
+    CUstream stream;
+    int status;
+};
+
+static void *publisher(void *arg)
+{
+    struct blocked_publish *bp = arg;
+    vmmt_desc d;
+    vmmt__ctx_enter(0);
+    bp->status = vmmt_publish(bp->pool, &bp->buf, bp->stream, &d);
+    vmmt__ctx_leave();
+    return NULL;
+}
+
+static void *shutter(void *arg)
+{
+    vmmt_pool_shutdown(arg);
+    return NULL;
+}
+
+static void test_shutdown_waits_for_publisher(void **state)
+{
+    struct fixture *f = *state;
+    const struct vmmt_drv *d = vmmt__drv();
+    vmmt_pool_config c = config(4 * MiB, 1);
+    struct blocked_publish bp;
+    CUdeviceptr gate;
+    CUstream gated;
+    pthread_t pub, shut;
+    vmmt_desc desc;
+    struct timespec pause = {0, 100 * 1000000};
+
+    c.handoff = VMMT_HANDOFF_SYNC; /* publish waits for its stream */
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_int_equal(d->cuMemAlloc(&gate, 4), CUDA_SUCCESS);
+    assert_int_equal(d->cuMemsetD8Async(gate, 0, 4, f->stream), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamCreate(&gated, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamWaitValue32(gated, gate, 1, CU_STREAM_WAIT_VALUE_EQ), CUDA_SUCCESS);
+    bp.pool = f->pool;
+    bp.buf = bytes(f->src, 4096);
+    bp.stream = gated;
+    bp.status = -100;
+    pthread_create(&pub, NULL, publisher, &bp);
+    nanosleep(&pause, NULL);
+    pthread_create(&shut, NULL, shutter, f->pool);
+    nanosleep(&pause, NULL);
+    assert_int_equal(bp.status, -100); /* still inside publish */
+    assert_int_equal(vmmt_publish(f->pool, &bp.buf, f->stream, &desc), VMMT_ECLOSED);
+    assert_int_equal(d->cuStreamWriteValue32(f->stream, gate, 1, 0), CUDA_SUCCESS);
+    pthread_join(pub, NULL);
+    pthread_join(shut, NULL);
+    assert_vmmt_ok(bp.status);
+    assert_vmmt_ok(vmmt_pool_shutdown(f->pool)); /* idempotent */
+    d->cuStreamSynchronize(f->stream);
+    d->cuStreamDestroy(gated);
+    d->cuMemFree(gate);
+}
+
+static void test_sync_handoff_when_wait_refused(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+
+    if (!on_emu()) skip();
+    setenv("VMMT_EMU_WAIT_IMPORTED", "0", 1);
+    vmmt__emu_configure();
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_int_equal(stats(f->pool).handoff, VMMT_HANDOFF_SYNC);
+    roundtrip(f, 70000, 9);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+static void test_stream_handoff_default(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_int_equal(stats(f->pool).handoff, VMMT_HANDOFF_STREAM);
+}
+
+static void test_evict(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_desc_info info;
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    roundtrip(f, 4096, 1);
+    assert_int_equal(vmmt_consumer_pool_count(f->consumer), 1);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_vmmt_ok(vmmt_desc_inspect(&d, &info));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt_consumer_evict(f->consumer, info.pool_id, 0));
+    assert_int_equal(vmmt_consumer_pool_count(f->consumer), 0);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_int_equal(vmmt_consumer_pool_count(f->consumer), 1);
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_config_errors),
+        T(test_size_rounds_down),
+        T(test_roundtrip_in_process),
+        T(test_typed_descriptor),
+        T(test_two_consumers_two_devices),
+        T(test_fabric_roundtrip),
+        T(test_fabric_fallback),
+        T(test_packed),
+        T(test_stale_ack_cannot_free_new_occupant),
+        T(test_cancel),
+        T(test_full_and_too_big),
+        T(test_failed_copy_rolls_back),
+        T(test_failed_sync_quarantines),
+        T(test_consumer_failure_releases_slice),
+        T(test_setup_failure_closes_export),
+        T(test_shutdown_waits_for_publisher),
+        T(test_sync_handoff_when_wait_refused),
+        T(test_stream_handoff_default),
+        T(test_evict),
+    };
+    tu_use_test_driver();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
