@@ -325,6 +325,8 @@ static int setup(struct demo *o)
     c.memory_size = want;
     c.consumer_count = o->consumers;
     c.round_up = 1;
+    /* The demo waits for room itself when the pool is full: no warning for that. */
+    vmmt_set_log_level(VMMT_LOG_ERROR);
     if (vmmt__ctx_enter(0) != VMMT_OK) return CLI_ERROR;
     if (vmmt_pool_create(&c, &o->pool) != VMMT_OK ||
         VMMT_CU(vmmt__drv(), cuStreamCreate(&o->stream, CU_STREAM_NON_BLOCKING)) != VMMT_OK ||

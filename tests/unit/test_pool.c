@@ -89,6 +89,11 @@ static int teardown(void **state)
     d->cuMemFree(f->dst);
     d->cuStreamDestroy(f->stream);
     tu_resources_check(&f->before);
+    if (on_emu()) {
+        assert_int_equal(vmmt__emu_live_allocations(), 0);
+        assert_int_equal(vmmt__emu_live_mappings(), 0);
+        assert_int_equal(vmmt__emu_live_reservations(), 0);
+    }
     vmmt__ctx_leave();
     free(f);
     return 0;
@@ -144,6 +149,8 @@ static void test_config_errors(void **state)
     c.round_up = 1;
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     assert_true(stats(f->pool).allocation_size >= 4096);
+    vmmt_pool_destroy(f->pool);
+    f->pool = NULL;
     c = config(0, 1);
     assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
     assert_error_contains("memory_size must be positive");

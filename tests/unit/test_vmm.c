@@ -289,6 +289,7 @@ static void check_rollback(const char *entry, int import)
     struct vmmt__mapping src, m;
     tu_resources before;
     char spec[128];
+    size_t g = granularity();
     int fd = -1, st;
 
     if (import) {
@@ -302,7 +303,7 @@ static void check_rollback(const char *entry, int import)
     if (import)
         st = vmmt__mapping_import_posix_fd(0, fd, src.size, &m);
     else
-        st = vmmt__mapping_create(0, granularity(), VMMT_HANDLE_POSIX_FD, 0, &m);
+        st = vmmt__mapping_create(0, g, VMMT_HANDLE_POSIX_FD, 0, &m);
     unsetenv("VMMT_EMU_FAIL");
     vmmt__emu_configure();
     assert_int_equal(st, VMMT_ENOMEM);
