@@ -87,6 +87,7 @@ void tu_resources_take(tu_resources *r)
 void tu_resources_check_(const tu_resources *before, const char *file, int line)
 {
     tu_resources now;
+    int maps_differ;
 
     /* Threads being joined may take a moment to leave /proc. */
     for (int i = 0; i < 200; i++) {
@@ -94,15 +95,26 @@ void tu_resources_check_(const tu_resources *before, const char *file, int line)
         if (now.threads <= before->threads) break;
         usleep(1000);
     }
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan keeps freed large blocks mapped in its quarantine, so mapping
+     * counts mean nothing there; the ordinary build checks them, and the
+     * emulator's own counters check device mappings in both. */
+    maps_differ = 0;
+#else
+    maps_differ = now.maps != before->maps;
+#endif
     /* Print first: _fail does not return. */
-    if (now.fds != before->fds || now.maps != before->maps || now.threads != before->threads) {
+    if (now.fds != before->fds || maps_differ || now.threads != before->threads) {
         print_error("leak: fds %d -> %d, mappings %d -> %d, threads %d -> %d\n", before->fds,
                     now.fds, before->maps, now.maps, before->threads, now.threads);
         _fail(file, line);
     }
 }
 
-static void *idle(void *arg) { return arg; }
+static void *idle(void *arg)
+{
+    return arg;
+}
 
 /*
  * glibc keeps the stacks of finished threads and gives each new thread its
@@ -114,8 +126,10 @@ static void steady_process_state(void)
     pthread_t t[8];
 
     mallopt(M_ARENA_MAX, 1);
-    for (int i = 0; i < 8; i++) pthread_create(&t[i], NULL, idle, NULL);
-    for (int i = 0; i < 8; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 8; i++)
+        pthread_create(&t[i], NULL, idle, NULL);
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
 }
 
 void tu_use_test_driver(void)

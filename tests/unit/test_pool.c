@@ -28,7 +28,10 @@ struct fixture {
     size_t cap;
 };
 
-static int on_emu(void) { return strcmp(vmmt_driver_name(), "emu") == 0; }
+static int on_emu(void)
+{
+    return strcmp(vmmt_driver_name(), "emu") == 0;
+}
 
 static void emu_reset(void)
 {
@@ -80,6 +83,7 @@ static int teardown(void **state)
 {
     struct fixture *f = *state;
     const struct vmmt_drv *d = vmmt__drv();
+    tu_resources before = f->before;
 
     emu_reset();
     d->cuStreamSynchronize(f->stream);
@@ -88,14 +92,15 @@ static int teardown(void **state)
     d->cuMemFree(f->src);
     d->cuMemFree(f->dst);
     d->cuStreamDestroy(f->stream);
-    tu_resources_check(&f->before);
+    free(f);
+    vmmt__ctx_leave();
+    tu_resources_check(&before);
     if (on_emu()) {
         assert_int_equal(vmmt__emu_live_allocations(), 0);
         assert_int_equal(vmmt__emu_live_mappings(), 0);
         assert_int_equal(vmmt__emu_live_reservations(), 0);
+        assert_int_equal(vmmt__emu_live_streams(), 0);
     }
-    vmmt__ctx_leave();
-    free(f);
     return 0;
 }
 
@@ -193,7 +198,8 @@ static void test_roundtrip_in_process(void **state)
     vmmt_pool_config c = config(16 * MiB, 1);
 
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
-    for (uint32_t i = 0; i < 20; i++) roundtrip(f, 1000 + i * 4099, i);
+    for (uint32_t i = 0; i < 20; i++)
+        roundtrip(f, 1000 + i * 4099, i);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     assert_int_equal(stats(f->pool).recycled, 20);
     assert_int_equal(stats(f->pool).in_flight, 0);
@@ -268,14 +274,17 @@ static void multi_process(struct fixture *f, int consumers, uint32_t count, size
     int devices = 1;
     vmmt_device_count(&devices);
 
-    for (int k = 0; k < consumers; k++) spawn_consumer(k % devices, k, 1, &sock[k], &pid[k]);
+    for (int k = 0; k < consumers; k++)
+        spawn_consumer(k % devices, k, 1, &sock[k], &pid[k]);
     for (uint32_t i = 0; i < count; i++) {
         vmmt_buffer b = bytes(f->src, n);
         vmmt_desc d;
         put(f, f->src, n, i);
         assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-        for (int k = 0; k < consumers; k++) send_desc(sock[k], i, &d);
-        for (int k = 0; k < consumers; k++) expect_reply(sock[k], i);
+        for (int k = 0; k < consumers; k++)
+            send_desc(sock[k], i, &d);
+        for (int k = 0; k < consumers; k++)
+            expect_reply(sock[k], i);
     }
     for (int k = 0; k < consumers; k++) {
         send_desc(sock[k], UINT32_MAX, NULL);
@@ -352,7 +361,8 @@ static void test_packed(void **state)
 
     b[1].dtype.code = 2, b[1].dtype.bits = 64, b[1].dtype.lanes = 1, b[1].ndim = 1;
     b[1].shape[0] = 8;
-    for (int i = 0; i < 3; i++) put(f, b[i].ptr, b[i].nbytes, (uint32_t)i);
+    for (int i = 0; i < 3; i++)
+        put(f, b[i].ptr, b[i].nbytes, (uint32_t)i);
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     assert_vmmt_ok(vmmt_publish_packed(f->pool, b, 3, f->stream, d));
     assert_vmmt_ok(vmmt_desc_inspect(&d[1], &info));
@@ -366,13 +376,14 @@ static void test_packed(void **state)
             assert_int_equal(stats(f->pool).in_flight, 1);
         }
     }
-    for (int i = 0; i < 3; i++) expect(f, f->dst + (uint64_t)i * 8192, b[i].nbytes, (uint32_t)i);
+    for (int i = 0; i < 3; i++)
+        expect(f, f->dst + (uint64_t)i * 8192, b[i].nbytes, (uint32_t)i);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     assert_int_equal(stats(f->pool).recycled, 1);
     assert_int_equal(stats(f->pool).published, 3);
-    assert_int_equal(vmmt_consume(f->consumer, &d[0], 0, f->dst, 8192, f->stream,
-                                  VMMT_ALL_RANKS, 0),
-                     VMMT_ESTATE);
+    assert_int_equal(
+        vmmt_consume(f->consumer, &d[0], 0, f->dst, 8192, f->stream, VMMT_ALL_RANKS, 0),
+        VMMT_ESTATE);
 }
 
 /* ------------------------------------------------------- generations */
@@ -444,7 +455,8 @@ static void test_full_and_too_big(void **state)
 
     c.max_slices = 8;
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
-    while ((st = vmmt_publish(f->pool, &b, f->stream, &d[n])) == VMMT_OK) n++;
+    while ((st = vmmt_publish(f->pool, &b, f->stream, &d[n])) == VMMT_OK)
+        n++;
     assert_int_equal(st, VMMT_EFULL);
     assert_int_equal(n, 3); /* the control table takes the front of the 2 MiB */
     assert_error_contains("pool is full");

@@ -17,13 +17,22 @@
 
 #define MiB (1024ull * 1024)
 
-static int on_emu(void) { return strcmp(vmmt_driver_name(), "emu") == 0; }
+static int on_emu(void)
+{
+    return strcmp(vmmt_driver_name(), "emu") == 0;
+}
 
 /* Put the emulator in a known configuration: env settings, then re-read. */
 static void emu_env(const char *handles, const char *fail)
 {
-    if (handles) setenv("VMMT_EMU_HANDLES", handles, 1); else unsetenv("VMMT_EMU_HANDLES");
-    if (fail) setenv("VMMT_EMU_FAIL", fail, 1); else unsetenv("VMMT_EMU_FAIL");
+    if (handles)
+        setenv("VMMT_EMU_HANDLES", handles, 1);
+    else
+        unsetenv("VMMT_EMU_HANDLES");
+    if (fail)
+        setenv("VMMT_EMU_FAIL", fail, 1);
+    else
+        unsetenv("VMMT_EMU_FAIL");
     unsetenv("VMMT_HANDLE_TYPE");
     vmmt__emu_configure();
     vmmt_probe_reset();
@@ -192,7 +201,8 @@ static void test_probe_override(void **state)
 static void fill(CUdeviceptr dst, size_t n, unsigned mul, unsigned add)
 {
     unsigned char *buf = malloc(n);
-    for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)(i * mul + add);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (unsigned char)(i * mul + add);
     assert_vmmt_ok(vmmt__ctx_enter(0));
     assert_int_equal(vmmt__drv()->cuMemcpyHtoDAsync(dst, buf, n, NULL), CUDA_SUCCESS);
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(NULL), CUDA_SUCCESS);
@@ -208,7 +218,8 @@ static int matches(CUdeviceptr src, size_t n, unsigned mul, unsigned add)
     ok = vmmt__drv()->cuMemcpyDtoHAsync(buf, src, n, NULL) == CUDA_SUCCESS &&
          vmmt__drv()->cuStreamSynchronize(NULL) == CUDA_SUCCESS;
     vmmt__ctx_leave();
-    for (size_t i = 0; ok && i < n; i++) ok = buf[i] == (unsigned char)(i * mul + add);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = buf[i] == (unsigned char)(i * mul + add);
     free(buf);
     return ok;
 }
@@ -276,7 +287,8 @@ static void test_fabric_in_second_process(void **state)
     assert_vmmt_ok(vmmt__mapping_create(0, granularity(), VMMT_HANDLE_FABRIC, 0, &m));
     fill(m.base, 4096, 7, 1);
     assert_vmmt_ok(vmmt__export_fabric(m.handle, &f));
-    for (size_t i = 0; i < sizeof f.data; i++) sprintf(hex + 2 * i, "%02x", f.data[i]);
+    for (size_t i = 0; i < sizeof f.data; i++)
+        sprintf(hex + 2 * i, "%02x", f.data[i]);
     spawn_import("fabric", m.size, hex, -1);
     assert_true(matches(m.base, 4096, 3, 5));
     assert_vmmt_ok(vmmt__mapping_release(&m));
@@ -326,16 +338,18 @@ static void test_create_rollback(void **state)
                                           "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess"};
     (void)state;
     if (!on_emu()) skip();
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) check_rollback(entries[i], 0);
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        check_rollback(entries[i], 0);
 }
 
 static void test_import_rollback(void **state)
 {
-    static const char *const entries[] = {"cuMemImportFromShareableHandle",
-                                          "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess"};
+    static const char *const entries[] = {"cuMemImportFromShareableHandle", "cuMemAddressReserve",
+                                          "cuMemMap", "cuMemSetAccess"};
     (void)state;
     if (!on_emu()) skip();
-    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) check_rollback(entries[i], 1);
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        check_rollback(entries[i], 1);
 }
 
 static void test_release_retry(void **state)
