@@ -144,6 +144,13 @@ typedef struct vmmt_device_probe {
     vmmt_handle_type selected;       /* the first that works, or the override */
     int overridden;                  /* VMMT_HANDLE_TYPE chose it */
     char reason[1024];               /* why `selected` was chosen */
+    /*
+     * Can a stream wait on a word of an imported allocation (the selected
+     * type, imported in this process)? 1: pools hand off stream-ordered;
+     * 0: publishes synchronize; -1: not tried (no shareable type).
+     */
+    int stream_wait_imported;
+    char stream_wait_cause[320]; /* why the wait was refused */
 } vmmt_device_probe;
 
 /*

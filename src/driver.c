@@ -26,6 +26,7 @@ static int g_loaded;     /* g_table is valid */
 static char g_choice[8]; /* from vmmt_driver_select; empty: VMMT_DRIVER */
 static void *g_libcuda;  /* kept open for the life of the process */
 static CUcontext g_primary[MAX_DEVICES];
+static int g_device_count; /* read once at load: the device set of a process is fixed */
 
 static _Thread_local int t_depth;
 
@@ -113,6 +114,7 @@ static int load_locked(void)
                           "'cuda' or 'emu'",
                           want);
     }
+    if (g_table.cuDeviceGetCount(&g_device_count) != CUDA_SUCCESS) g_device_count = 0;
     g_loaded = 1;
     return VMMT_OK;
 }
@@ -183,16 +185,14 @@ int vmmt__ctx_enter(int device)
     const struct vmmt_drv *d = vmmt__drv();
     CUcontext ctx;
     CUdevice dev;
-    int count = 0;
     int st = VMMT_OK;
 
     if (d == NULL) return vmmt_last_status();
-    if (device < 0 || device >= MAX_DEVICES || d->cuDeviceGetCount(&count) != CUDA_SUCCESS ||
-        device >= count)
+    if (device < 0 || device >= MAX_DEVICES || device >= g_device_count)
         return vmmt__fail(VMMT_ENODEV,
                           "device %d does not exist: the %s driver reports %d device(s); use "
                           "a device from 0 to %d",
-                          device, d->name, count, count - 1);
+                          device, d->name, g_device_count, g_device_count - 1);
     pthread_mutex_lock(&g_lock);
     ctx = g_primary[device];
     if (ctx == NULL) {

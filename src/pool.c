@@ -154,34 +154,21 @@ static int setup_stream(struct vmmt_pool *p)
 }
 
 /*
- * Can a consumer's stream wait on a word of the imported pool? Try exactly
- * that in this process: import our own export and wait on its first ready
- * word, which is already satisfied.
+ * Stream-ordered where the device probe saw a stream wait on imported memory
+ * work (the probe tried exactly that), synchronous otherwise.
  */
-static vmmt_handoff probe_handoff(struct vmmt_pool *p, int fd)
+static vmmt_handoff choose_handoff(struct vmmt_pool *p)
 {
-    const struct vmmt_drv *d = vmmt__drv();
-    struct vmmt__saved_error e;
-    struct vmmt__mapping m;
-    int st;
+    vmmt_device_probe probe;
 
-    vmmt__error_save(&e);
-    if (p->type == VMMT_HANDLE_FABRIC)
-        st = vmmt__mapping_import_fabric(p->device, &p->fabric, p->map.size, &m);
-    else
-        st = vmmt__mapping_import_posix_fd(p->device, fd, p->map.size, &m);
-    if (st == VMMT_OK) {
-        st = VMMT_CU(d, cuStreamWaitValue32(p->stream, m.base, 0, CU_STREAM_WAIT_VALUE_GEQ));
-        if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
-        if (st != VMMT_OK)
-            vmmt__log(VMMT_LOG_INFO,
-                      "stream wait on imported memory refused (%s); publishes "
-                      "will synchronize",
-                      vmmt_last_error());
-        vmmt__mapping_release(&m);
-    }
-    vmmt__error_restore(&e);
-    return st == VMMT_OK ? VMMT_HANDOFF_STREAM : VMMT_HANDOFF_SYNC;
+    if (p->cfg.handoff != VMMT_HANDOFF_AUTO) return p->cfg.handoff;
+    if (vmmt_probe_device(p->device, &probe) == VMMT_OK && probe.stream_wait_imported == 1)
+        return VMMT_HANDOFF_STREAM;
+    vmmt__log(VMMT_LOG_INFO,
+              "stream wait on imported memory refused on device %d (%s); "
+              "publishes will synchronize",
+              p->device, probe.stream_wait_cause);
+    return VMMT_HANDOFF_SYNC;
 }
 
 static int start_broker(struct vmmt_pool *p, int fd)
@@ -204,12 +191,12 @@ static int share(struct vmmt_pool *p)
     if (p->type == VMMT_HANDLE_FABRIC) {
         st = vmmt__export_fabric(p->map.handle, &p->fabric);
         if (st != VMMT_OK) return st;
-        p->handoff = p->cfg.handoff ? p->cfg.handoff : probe_handoff(p, -1);
+        p->handoff = choose_handoff(p);
         return VMMT_OK;
     }
     st = vmmt__export_posix_fd(p->map.handle, &fd);
     if (st != VMMT_OK) return st;
-    p->handoff = p->cfg.handoff ? p->cfg.handoff : probe_handoff(p, fd);
+    p->handoff = choose_handoff(p);
     st = start_broker(p, fd);
     close(fd);
     return st;

@@ -173,6 +173,50 @@ static void choose(vmmt_device_probe *p)
         snprintf(p->reason, sizeof p->reason, "no shareable handle type works");
 }
 
+/*
+ * Stream-ordered hand-off needs a consumer's stream to wait on a word of an
+ * imported allocation. Try exactly that: export one unit of the selected
+ * type, import it in this process, and wait on its first word (zero, so the
+ * wait is already satisfied).
+ */
+static void probe_stream_wait(const struct vmmt_drv *d, vmmt_device_probe *p)
+{
+    struct vmmt__mapping src, imp;
+    CUmemFabricHandle fabric;
+    CUstream s = NULL;
+    int fd = -1, st;
+
+    p->stream_wait_imported = -1;
+    if (p->selected == VMMT_HANDLE_NONE) return;
+    st = vmmt__mapping_create(
+        p->device, p->candidates[p->selected == VMMT_HANDLE_FABRIC ? 0 : 1].granularity_minimum,
+        p->selected, 0, &src);
+    if (st != VMMT_OK) goto out;
+    if (p->selected == VMMT_HANDLE_FABRIC) {
+        st = vmmt__export_fabric(src.handle, &fabric);
+        if (st == VMMT_OK) st = vmmt__mapping_import_fabric(p->device, &fabric, src.size, &imp);
+    } else {
+        st = vmmt__export_posix_fd(src.handle, &fd);
+        if (st == VMMT_OK) st = vmmt__mapping_import_posix_fd(p->device, fd, src.size, &imp);
+        if (fd >= 0) close(fd);
+    }
+    if (st == VMMT_OK) {
+        st = VMMT_CU(d, cuMemsetD8Async(src.base, 0, 4, NULL));
+        if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(NULL));
+        if (st == VMMT_OK) st = VMMT_CU(d, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        if (st == VMMT_OK)
+            st = VMMT_CU(d, cuStreamWaitValue32(s, imp.base, 0, CU_STREAM_WAIT_VALUE_GEQ));
+        if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(s));
+        if (s != NULL) d->cuStreamDestroy(s);
+        vmmt__mapping_release(&imp);
+    }
+    vmmt__mapping_release(&src);
+out:
+    p->stream_wait_imported = st == VMMT_OK;
+    if (st != VMMT_OK)
+        snprintf(p->stream_wait_cause, sizeof p->stream_wait_cause, "%s", vmmt_last_error());
+}
+
 static int run_probe(int device, vmmt_device_probe *p)
 {
     const struct vmmt_drv *d;
@@ -194,8 +238,10 @@ static int run_probe(int device, vmmt_device_probe *p)
     }
     for (int i = 0; i < 3; i++)
         probe_candidate(d, device, p->imex_channels_present, &p->candidates[i]);
-    vmmt__ctx_leave();
     choose(p);
+    probe_stream_wait(d, p);
+    vmmt__ctx_leave();
+    vmmt__clear();
     return VMMT_OK;
 }
 

@@ -67,6 +67,12 @@ static void text_device(const vmmt_device_probe *p, int st)
     }
     printf("  IMEX channels (/dev/nvidia-caps-imex-channels): %s\n",
            p->imex_channels_present ? "present" : "absent");
+    if (p->stream_wait_imported >= 0)
+        printf("  stream wait on imported memory: %s%s%s\n",
+               p->stream_wait_imported ? "works: pools hand off stream-ordered"
+                                       : "refused: publishes synchronize (",
+               p->stream_wait_imported ? "" : p->stream_wait_cause,
+               p->stream_wait_imported ? "" : ")");
     if (st == VMMT_OK)
         printf("  selected: %s%s (%s)\n", vmmt_handle_type_name(p->selected),
                p->overridden ? " by VMMT_HANDLE_TYPE" : "", p->reason);
@@ -94,7 +100,11 @@ static void json_device(const vmmt_device_probe *p, int st, int first)
         cli_json_string(stdout, c->cause);
         printf("}");
     }
-    printf("],\n     \"selected\": ");
+    printf("],\n     \"stream_wait_imported\": %d, \"handoff\": \"%s\", \"selected\": ",
+           p->stream_wait_imported,
+           p->stream_wait_imported == 1   ? "stream-ordered"
+           : p->stream_wait_imported == 0 ? "synchronous"
+                                          : "none");
     if (st == VMMT_OK)
         printf("\"%s\"", vmmt_handle_type_name(p->selected));
     else

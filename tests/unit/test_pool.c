@@ -616,9 +616,68 @@ static void test_sync_handoff_when_wait_refused(void **state)
     if (!on_emu()) skip();
     setenv("VMMT_EMU_WAIT_IMPORTED", "0", 1);
     vmmt__emu_configure();
+    vmmt_probe_reset();
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     assert_int_equal(stats(f->pool).handoff, VMMT_HANDOFF_SYNC);
     roundtrip(f, 70000, 9);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/* A stream-ordered pool whose consumer cannot wait on the GPU: it polls the flag instead. */
+static void test_consumer_polls_when_wait_refused(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+
+    if (!on_emu()) skip();
+    c.handoff = VMMT_HANDOFF_STREAM;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    setenv("VMMT_EMU_WAIT_IMPORTED", "0", 1);
+    vmmt__emu_configure();
+    for (uint32_t i = 0; i < 5; i++)
+        roundtrip(f, 33333, i);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+static void test_dead_producer(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    vmmt_pool_destroy(f->pool);
+    f->pool = NULL;
+    assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_ESYS);
+    assert_error_contains("CUDA VMM POSIX FD broker failed");
+    assert_error_contains("importing the pool of producer pid");
+    assert_int_equal(vmmt_consumer_pool_count(f->consumer), 0);
+}
+
+static void test_bad_consume_arguments(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 2);
+    vmmt_buffer b = bytes(f->src, 8192);
+    vmmt_desc d;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, 100, f->stream, 0, 1), VMMT_EINVAL);
+    assert_error_contains("destination has 100 bytes");
+    assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, 1, 2),
+                     VMMT_EINVAL);
+    assert_error_contains("outside the pool's 2 consumer ranks");
+    d.bytes[300] ^= 0xff; /* corrupt a field */
+    assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, 0, 1),
+                     VMMT_EPROTO);
+    d.bytes[300] ^= 0xff;
+    /* None of the refusals used up the descriptor. */
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
@@ -675,6 +734,9 @@ int main(void)
         T(test_sync_handoff_when_wait_refused),
         T(test_stream_handoff_default),
         T(test_evict),
+        T(test_consumer_polls_when_wait_refused),
+        T(test_dead_producer),
+        T(test_bad_consume_arguments),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -384,6 +384,31 @@ static void test_bad_device(void **state)
     assert_error_contains("device 63 does not exist");
 }
 
+/* The library works in the device's primary context and gives the caller's back. */
+static void test_caller_context_restored(void **state)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    struct vmmt__mapping m;
+    vmmt_device_probe p;
+    CUcontext mine, now = NULL;
+    CUdevice dev;
+    int count = 0;
+    (void)state;
+
+    assert_vmmt_ok(vmmt_device_count(&count));
+    assert_int_equal(d->cuDeviceGet(&dev, count - 1), CUDA_SUCCESS);
+    assert_int_equal(d->cuDevicePrimaryCtxRetain(&mine, dev), CUDA_SUCCESS);
+    assert_int_equal(d->cuCtxPushCurrent(mine), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt__mapping_create(0, granularity(), VMMT_HANDLE_POSIX_FD, 0, &m));
+    assert_vmmt_ok(vmmt__mapping_release(&m));
+    vmmt_probe_reset();
+    vmmt_probe_device(0, &p);
+    assert_int_equal(d->cuCtxGetCurrent(&now), CUDA_SUCCESS);
+    assert_ptr_equal(now, mine);
+    assert_int_equal(d->cuCtxPopCurrent(&now), CUDA_SUCCESS);
+    assert_int_equal(d->cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -402,6 +427,7 @@ int main(void)
         cmocka_unit_test_setup(test_import_rollback, setup),
         cmocka_unit_test_setup(test_release_retry, setup),
         cmocka_unit_test_setup(test_bad_device, setup),
+        cmocka_unit_test_setup(test_caller_context_restored, setup),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
