@@ -297,8 +297,9 @@ static void summary(struct demo *o, double elapsed, int drained, int bad_exits)
            o->verified, (uint64_t)o->count * o->consumers, o->mismatched,
            o->first_error[0] ? " (first: " : "", o->first_error[0] ? o->first_error : "");
     if (o->first_error[0]) printf(")\n");
-    printf("time: %.3f s, %.2f GB/s aggregate (each consumer's copy counted)\n", elapsed,
-           elapsed > 0 ? moved / elapsed / 1e9 : 0.0);
+    printf("time: %.3f s, %.2f GB/s aggregate, each consumer's copy counted; this includes "
+           "bringing every byte back to the host to check it (transport speed: vmmt bench)\n",
+           elapsed, elapsed > 0 ? moved / elapsed / 1e9 : 0.0);
     printf("recycling: %" PRIu64 " published, %" PRIu64 " recycled, %u in flight, %" PRIu64
            " full, %" PRIu64 " table reads\n",
            s.published, s.recycled, s.in_flight, s.full, s.reclaims);
