@@ -19,11 +19,24 @@
 #include "status.h"
 #include "vmm.h"
 
+/*
+ * A packed group being consumed for one rank range: which members are done
+ * and the stream they were copied on. Its acknowledgement goes on that
+ * stream after the last member, so it can never overtake a member's copy.
+ */
+struct pack_group {
+    uint32_t first, count;
+    uint64_t members;
+    CUstream stream;
+};
+
+#define PACK_GROUPS 4
+
 /* What this process has done with one slot's current occupant. */
 struct slot_state {
     uint32_t generation;
-    uint64_t members_done; /* packed members consumed or dropped */
     uint64_t ranks_acked[VMMT__MAX_CONSUMERS / 64];
+    struct pack_group groups[PACK_GROUPS];
 };
 
 struct imported {
@@ -31,6 +44,11 @@ struct imported {
     int device;
     struct vmmt__mapping map;
     struct slot_state *slots;
+    int users; /* consume and ack calls using the mapping right now */
+    /* Host polling of ready words where a stream may not wait on them. */
+    pthread_mutex_t poll_lock;
+    CUstream poll_stream;
+    uint32_t *poll_word;
     struct imported *next;
 };
 
@@ -66,8 +84,20 @@ int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out
 
 static int release_pool(struct imported *ip)
 {
-    int st = vmmt__mapping_release(&ip->map);
+    const struct vmmt_drv *d = vmmt__drv();
+    int st;
+
+    if (ip->poll_stream != NULL && vmmt__ctx_enter(ip->device) == VMMT_OK) {
+        d->cuStreamSynchronize(ip->poll_stream);
+        d->cuStreamDestroy(ip->poll_stream);
+        ip->poll_stream = NULL;
+        if (ip->poll_word != NULL) d->cuMemFreeHost(ip->poll_word);
+        ip->poll_word = NULL;
+        vmmt__ctx_leave();
+    }
+    st = vmmt__mapping_release(&ip->map);
     if (st != VMMT_OK) return st;
+    pthread_mutex_destroy(&ip->poll_lock);
     free(ip->slots);
     free(ip);
     return VMMT_OK;
@@ -88,6 +118,7 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
     }
     ip->geometry = *d;
     ip->device = device;
+    pthread_mutex_init(&ip->poll_lock, NULL);
     if (d->handle_type == VMMT_HANDLE_FABRIC) {
         CUmemFabricHandle f;
         memcpy(f.data, d->fabric, sizeof f.data);
@@ -98,6 +129,7 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
         if (fd >= 0) close(fd);
     }
     if (st != VMMT_OK) {
+        pthread_mutex_destroy(&ip->poll_lock);
         free(ip->slots);
         free(ip);
         return vmmt__wrap(st, "importing the pool of producer pid %d (device %d) on device %d",
@@ -127,8 +159,9 @@ static struct imported *find(vmmt_consumer *c, const uint8_t id[16], int device,
 struct request {
     struct vmmt__desc d;
     struct imported *pool;
+    CUstream stream;
     uint32_t first, count; /* ranks */
-    int ack_now;           /* this call completes the slice for this process */
+    int ack_now;           /* this call completes the slot for these ranks */
 };
 
 static int resolve_ranks(const struct vmmt__desc *d, int first, int count, struct request *rq)
@@ -155,15 +188,68 @@ static int ranks_overlap(const struct slot_state *s, uint32_t first, uint32_t co
     return 0;
 }
 
+static void mark_acked(struct slot_state *s, uint32_t first, uint32_t count)
+{
+    for (uint32_t r = first; r < first + count; r++)
+        s->ranks_acked[r / 64] |= 1ull << (r % 64);
+}
+
+static int fail_twice(const struct request *rq)
+{
+    return vmmt__fail(VMMT_ESTATE,
+                      "descriptor (slot %u, generation %u, member %u) was already consumed or "
+                      "acknowledged for ranks [%u, %u) in this process",
+                      rq->d.slot, rq->d.generation, rq->d.pack_index, rq->first,
+                      rq->first + rq->count);
+}
+
+/* The group for this rank range, or a free one; NULL with an error if neither. */
+static struct pack_group *group_for(struct slot_state *s, const struct request *rq)
+{
+    struct pack_group *free_group = NULL;
+
+    for (int i = 0; i < PACK_GROUPS; i++) {
+        struct pack_group *g = &s->groups[i];
+        if (g->members != 0 && g->first == rq->first && g->count == rq->count) {
+            if (g->stream != rq->stream) {
+                vmmt__fail(VMMT_EINVAL,
+                           "members of packed slot %u are being consumed on another stream; "
+                           "consume every member of a packed group on one stream, so its "
+                           "single acknowledgement follows all the copies",
+                           rq->d.slot);
+                return NULL;
+            }
+            return g;
+        }
+        if (g->members == 0 && free_group == NULL) free_group = g;
+    }
+    if (ranks_overlap(s, rq->first, rq->count)) {
+        fail_twice(rq);
+        return NULL;
+    }
+    if (free_group == NULL) {
+        vmmt__fail(VMMT_EINVAL,
+                   "packed slot %u is being consumed for more than %d rank ranges at once in "
+                   "this process; consume it with fewer distinct rank ranges",
+                   rq->d.slot, PACK_GROUPS);
+        return NULL;
+    }
+    free_group->first = rq->first;
+    free_group->count = rq->count;
+    free_group->stream = rq->stream;
+    return free_group;
+}
+
 /*
  * Record the consume in this process's slot state, refusing a descriptor
- * consumed before or one whose slot has moved on; lock held.
+ * consumed before or one whose slot has moved on; consumer lock held.
  */
 static int claim(struct request *rq)
 {
     struct slot_state *s = &rq->pool->slots[rq->d.slot];
     uint64_t bit = 1ull << rq->d.pack_index;
     uint64_t all = rq->d.pack_count >= 64 ? ~0ull : (1ull << rq->d.pack_count) - 1;
+    struct pack_group *g;
 
     if (s->generation != rq->d.generation) {
         if (s->generation != 0 && (int32_t)(rq->d.generation - s->generation) < 0)
@@ -174,29 +260,34 @@ static int claim(struct request *rq)
         memset(s, 0, sizeof *s);
         s->generation = rq->d.generation;
     }
-    if (ranks_overlap(s, rq->first, rq->count) || (rq->d.pack_count > 1 && (s->members_done & bit)))
-        return vmmt__fail(VMMT_ESTATE,
-                          "descriptor (slot %u, generation %u, member %u) was already consumed "
-                          "or acknowledged for ranks [%u, %u) in this process",
-                          rq->d.slot, rq->d.generation, rq->d.pack_index, rq->first,
-                          rq->first + rq->count);
-    s->members_done |= bit;
-    rq->ack_now = (s->members_done & all) == all;
-    if (rq->ack_now)
-        for (uint32_t r = rq->first; r < rq->first + rq->count; r++)
-            s->ranks_acked[r / 64] |= 1ull << (r % 64);
+    if (rq->d.pack_count <= 1) {
+        if (ranks_overlap(s, rq->first, rq->count)) return fail_twice(rq);
+        mark_acked(s, rq->first, rq->count);
+        rq->ack_now = 1;
+        return VMMT_OK;
+    }
+    g = group_for(s, rq);
+    if (g == NULL) return vmmt_last_status();
+    if (g->members & bit) return fail_twice(rq);
+    g->members |= bit;
+    if ((g->members & all) == all) {
+        rq->ack_now = 1;
+        mark_acked(s, rq->first, rq->count);
+        memset(g, 0, sizeof *g);
+    }
     return VMMT_OK;
 }
 
 /* dst_size is the room at dst, or UINT64_MAX when nothing is copied. */
 static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int first, int count,
-                   uint64_t dst, uint64_t dst_size, struct request *rq)
+                   uint64_t dst, uint64_t dst_size, CUstream stream, struct request *rq)
 {
     int st;
 
     if (c == NULL || desc == NULL)
         return vmmt__fail(VMMT_EINVAL, "consumer and descriptor must not be NULL");
     memset(rq, 0, sizeof *rq);
+    rq->stream = stream;
     st = vmmt__desc_decode(desc->bytes, &rq->d);
     if (st == VMMT_OK) st = resolve_ranks(&rq->d, first, count, rq);
     if (st != VMMT_OK) return st;
@@ -212,35 +303,87 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
     else
         st = import_pool(c, &rq->d, device, &rq->pool);
     if (st == VMMT_OK) st = claim(rq);
+    if (st == VMMT_OK) rq->pool->users++;
     pthread_mutex_unlock(&c->lock);
     return st;
 }
 
-/*
- * The driver refused a stream wait on the imported word: poll it from the
- * host instead, within the consumer's timeout.
- */
-static int host_wait(vmmt_consumer *c, CUdeviceptr word, uint32_t gen)
+static void done(vmmt_consumer *c, struct request *rq)
+{
+    pthread_mutex_lock(&c->lock);
+    rq->pool->users--;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Read the ready word on the pool's own stream, within the deadline. */
+static int poll_once(const struct imported *ip, CUdeviceptr word, const struct timespec *until,
+                     int timeout_ms)
 {
     const struct vmmt_drv *d = vmmt__drv();
-    struct timespec pause = {0, 20000}, start, now;
-    uint32_t v = 0;
+    struct timespec now, pause = {0, 10000};
+    CUresult r;
 
-    clock_gettime(CLOCK_MONOTONIC, &start);
+    r = d->cuMemcpyDtoHAsync(ip->poll_word, word, sizeof *ip->poll_word, ip->poll_stream);
+    if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "reading the ready flag");
     for (;;) {
-        CUresult r = d->cuMemcpyDtoHAsync(&v, word, sizeof v, NULL);
-        if (r == CUDA_SUCCESS) r = d->cuStreamSynchronize(NULL);
-        if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "reading the ready flag");
-        if ((int32_t)(v - gen) >= 0) return VMMT_OK;
+        r = d->cuStreamQuery(ip->poll_stream);
+        if (r != CUDA_ERROR_NOT_READY) break;
         clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 >
-            c->cfg.timeout_ms)
+        if (now.tv_sec > until->tv_sec ||
+            (now.tv_sec == until->tv_sec && now.tv_nsec >= until->tv_nsec))
             return vmmt__fail(VMMT_ETIMEDOUT,
-                              "the producer's ready flag did not reach generation %u within %d "
-                              "ms (it reads %u); is the producer alive?",
-                              gen, c->cfg.timeout_ms, v);
+                              "reading the producer's ready flag took more than %d ms; the "
+                              "device is busy or stalled",
+                              timeout_ms);
         nanosleep(&pause, NULL);
     }
+    return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "reading the ready flag");
+}
+
+/*
+ * The driver refused a stream wait on the imported word: poll it from the
+ * host instead, on a stream of the pool's own (the legacy stream would queue
+ * behind the application's work), within the consumer's timeout.
+ */
+static int host_wait(vmmt_consumer *c, struct imported *ip, CUdeviceptr word, uint32_t gen)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    struct timespec until, now, pause = {0, 20000};
+    int st = VMMT_OK;
+
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += c->cfg.timeout_ms / 1000;
+    until.tv_nsec += (long)(c->cfg.timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&ip->poll_lock);
+    if (ip->poll_stream == NULL) {
+        st = VMMT_CU(d, cuStreamCreate(&ip->poll_stream, CU_STREAM_NON_BLOCKING));
+        if (st == VMMT_OK) st = VMMT_CU(d, cuMemAllocHost((void **)&ip->poll_word, 4));
+    }
+    while (st == VMMT_OK) {
+        st = poll_once(ip, word, &until, c->cfg.timeout_ms);
+        if (st != VMMT_OK) break;
+        if (*ip->poll_word == gen) break;
+        if ((int32_t)(*ip->poll_word - gen) > 0) {
+            st = vmmt__fail(VMMT_ESTATE,
+                            "slot holds a newer occupant (generation %u, the descriptor names "
+                            "%u): the descriptor was cancelled and its slot reused",
+                            *ip->poll_word, gen);
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > until.tv_sec ||
+            (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec)) {
+            st = vmmt__fail(VMMT_ETIMEDOUT,
+                            "the producer's ready flag did not reach generation %u within %d "
+                            "ms (it reads %u); is the producer alive?",
+                            gen, c->cfg.timeout_ms, *ip->poll_word);
+            break;
+        }
+        nanosleep(&pause, NULL);
+    }
+    pthread_mutex_unlock(&ip->poll_lock);
+    return st;
 }
 
 static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
@@ -253,7 +396,7 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
     if (!(rq->d.flags & VMMT__DESC_STREAM_ORDERED)) return VMMT_OK;
     r = d->cuStreamWaitValue32(s, word, rq->d.generation, CU_STREAM_WAIT_VALUE_GEQ);
     if (r == CUDA_SUCCESS) return VMMT_OK;
-    return host_wait(c, word, rq->d.generation);
+    return host_wait(c, rq->pool, word, rq->d.generation);
 }
 
 static int write_acks(const struct request *rq, CUstream s)
@@ -280,7 +423,7 @@ int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t d
 
     st = vmmt__ctx_enter(device);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_consume");
-    st = prepare(c, desc, device, rank_first, rank_count, dst, dst_size, &rq);
+    st = prepare(c, desc, device, rank_first, rank_count, dst, dst_size, (CUstream)stream, &rq);
     if (st != VMMT_OK) {
         vmmt__ctx_leave();
         return vmmt__wrap(st, "vmmt_consume");
@@ -302,6 +445,7 @@ int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t d
         if (st != VMMT_OK) vmmt__error_restore(&e);
         if (st == VMMT_OK) st = ack_st;
     }
+    done(c, &rq);
     vmmt__ctx_leave();
     return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "vmmt_consume");
 }
@@ -314,8 +458,11 @@ int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void 
 
     st = vmmt__ctx_enter(device);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_consumer_ack");
-    st = prepare(c, desc, device, rank_first, rank_count, 0, UINT64_MAX, &rq);
-    if (st == VMMT_OK && rq.ack_now) st = write_acks(&rq, (CUstream)stream);
+    st = prepare(c, desc, device, rank_first, rank_count, 0, UINT64_MAX, (CUstream)stream, &rq);
+    if (st == VMMT_OK) {
+        if (rq.ack_now) st = write_acks(&rq, (CUstream)stream);
+        done(c, &rq);
+    }
     vmmt__ctx_leave();
     return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "vmmt_consumer_ack");
 }
@@ -329,7 +476,12 @@ int vmmt_consumer_evict(vmmt_consumer *c, const uint8_t pool_id[16], int device)
         return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_evict: consumer and pool_id are required");
     pthread_mutex_lock(&c->lock);
     ip = find(c, pool_id, device, &link);
-    if (ip != NULL) {
+    if (ip != NULL && ip->users > 0) {
+        st = vmmt__fail(VMMT_ESTATE,
+                        "cannot evict the pool: %d consume or acknowledge call(s) on other "
+                        "threads are using it; evict once they return",
+                        ip->users);
+    } else if (ip != NULL) {
         struct imported *next = ip->next;
         st = release_pool(ip);
         if (st == VMMT_OK) {

@@ -69,7 +69,6 @@ static int check_config(const vmmt_pool_config *c)
 /* The type to try first: the configured one, or the probe's choice. */
 static int pick_type(struct vmmt_pool *p)
 {
-    vmmt_device_probe probe;
     int st;
 
     if (p->cfg.handle_type != VMMT_HANDLE_AUTO) {
@@ -77,10 +76,10 @@ static int pick_type(struct vmmt_pool *p)
         return VMMT_OK;
     }
     st = vmmt_select_handle_type(p->device, &p->type);
-    if (st == VMMT_OK && p->type == VMMT_HANDLE_NONE) {
-        vmmt_probe_device(p->device, &probe);
-        st = vmmt__fail(VMMT_ENOTSUP, "VMMT_HANDLE_TYPE=none cannot be shared between processes");
-    }
+    if (st == VMMT_OK && p->type == VMMT_HANDLE_NONE)
+        st = vmmt__fail(VMMT_ENOTSUP, "VMMT_HANDLE_TYPE=none: a pool cannot be shared between "
+                                      "processes with handle type NONE; unset VMMT_HANDLE_TYPE "
+                                      "or set it to posix_fd or fabric");
     return st;
 }
 
@@ -250,10 +249,16 @@ static void release_all(struct vmmt_pool *p)
     const struct vmmt_drv *d = vmmt__drv();
     struct vmmt__saved_error e;
 
+    struct vmmt__broker *b;
+
     vmmt__error_save(&e);
     vmmt__recycler_stop(p);
-    vmmt__broker_stop(p->broker);
+    /* Detached under the lock: vmmt_pool_get_stats reads the broker's counters. */
+    pthread_mutex_lock(&p->lock);
+    b = p->broker;
     p->broker = NULL;
+    pthread_mutex_unlock(&p->lock);
+    vmmt__broker_stop(b);
     if (d != NULL && vmmt__ctx_enter(p->device) == VMMT_OK) {
         if (p->stream != NULL) {
             d->cuStreamSynchronize(p->stream);
@@ -360,6 +365,25 @@ int vmmt__pool_check_usable(struct vmmt_pool *p)
     return VMMT_OK;
 }
 
+int vmmt__pool_enter(struct vmmt_pool *p)
+{
+    int st;
+
+    pthread_mutex_lock(&p->lock);
+    st = vmmt__pool_check_usable(p);
+    if (st == VMMT_OK) p->active++;
+    pthread_mutex_unlock(&p->lock);
+    return st;
+}
+
+void vmmt__pool_leave(struct vmmt_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    p->active--;
+    pthread_cond_broadcast(&p->changed);
+    pthread_mutex_unlock(&p->lock);
+}
+
 void vmmt__pool_quarantine(struct vmmt_pool *p)
 {
     pthread_mutex_lock(&p->lock);
@@ -372,45 +396,96 @@ void vmmt__pool_quarantine(struct vmmt_pool *p)
     vmmt__log(VMMT_LOG_ERROR, "pool quarantined: %s", vmmt_last_error());
 }
 
-static int wait_publishers(struct vmmt_pool *p)
+static void deadline_in(struct timespec *t, int ms)
 {
-    struct timespec until;
-    int st = VMMT_OK;
+    clock_gettime(CLOCK_MONOTONIC, t);
+    t->tv_sec += ms / 1000;
+    t->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (t->tv_nsec >= 1000000000L) t->tv_sec++, t->tv_nsec -= 1000000000L;
+}
 
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += p->cfg.timeout_ms / 1000;
-    until.tv_nsec += (long)(p->cfg.timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-    pthread_mutex_lock(&p->lock);
-    p->closing = 1;
-    while (p->active > 0 && st == VMMT_OK)
-        if (pthread_cond_timedwait(&p->changed, &p->lock, &until) != 0 && p->active > 0)
-            st = vmmt__fail(VMMT_ETIMEDOUT,
-                            "shutdown waited %d ms for %d publish call(s) in progress; call "
-                            "vmmt_pool_shutdown again once they return",
-                            p->cfg.timeout_ms, p->active);
-    pthread_mutex_unlock(&p->lock);
-    return st;
+/* Wait for calls inside the pool to return; lock held. */
+static int wait_callers(struct vmmt_pool *p, const struct timespec *until)
+{
+    while (p->active > 0)
+        if (pthread_cond_timedwait(&p->changed, &p->lock, until) != 0 && p->active > 0)
+            return vmmt__fail(VMMT_ETIMEDOUT,
+                              "shutdown waited %d ms for %d call(s) still inside the pool; call "
+                              "vmmt_pool_shutdown again once they return",
+                              p->cfg.timeout_ms, p->active);
+    return VMMT_OK;
+}
+
+/* Is every publish copy into the pool finished? Needs a fresh table copy. */
+static int copies_landed(const struct vmmt_pool *p)
+{
+    for (uint32_t i = 0; i < p->slots; i++) {
+        const struct vmmt__slot *s = &p->slot[i];
+        if ((s->state == SLOT_IN_FLIGHT || s->state == SLOT_CANCELLED) &&
+            p->table_host[(size_t)i * (p->stride / 4)] != s->generation)
+            return 0;
+    }
+    return 1;
+}
+
+/*
+ * Stream-ordered publishes return with their copy into the pool still queued
+ * on the caller's stream; unmapping under it would fault that stream. Wait
+ * until every ready word shows its copy finished.
+ */
+static int wait_copies(struct vmmt_pool *p, const struct timespec *until)
+{
+    struct timespec now, pause = {0, 50000};
+    int st;
+
+    if (p->failed || p->handoff != VMMT_HANDOFF_STREAM) return VMMT_OK;
+    for (;;) {
+        if (p->in_flight == 0) return VMMT_OK;
+        st = vmmt__pool_read_table(p);
+        if (st != VMMT_OK) return st;
+        if (copies_landed(p)) return VMMT_OK;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > until->tv_sec ||
+            (now.tv_sec == until->tv_sec && now.tv_nsec >= until->tv_nsec))
+            return vmmt__fail(VMMT_ETIMEDOUT,
+                              "shutdown waited %d ms for publish copies still queued on the "
+                              "callers' streams; synchronize those streams and call "
+                              "vmmt_pool_shutdown again",
+                              p->cfg.timeout_ms);
+        nanosleep(&pause, NULL);
+    }
 }
 
 int vmmt_pool_shutdown(vmmt_pool *p)
 {
+    struct timespec until;
     int st;
 
     if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_shutdown: pool is NULL");
+    deadline_in(&until, p->cfg.timeout_ms);
     pthread_mutex_lock(&p->lock);
+    while (p->shutting_down && !p->closed)
+        pthread_cond_wait(&p->changed, &p->lock);
     if (p->closed) {
         pthread_mutex_unlock(&p->lock);
         return VMMT_OK;
     }
+    p->shutting_down = 1;
+    p->closing = 1;
+    pthread_cond_broadcast(&p->wake);
+    st = wait_callers(p, &until);
     pthread_mutex_unlock(&p->lock);
-    st = wait_publishers(p);
-    if (st != VMMT_OK) return st;
-    release_all(p);
+    if (st == VMMT_OK) {
+        vmmt__recycler_stop(p);
+        st = wait_copies(p, &until);
+    }
+    if (st == VMMT_OK) release_all(p);
     pthread_mutex_lock(&p->lock);
-    p->closed = 1;
+    p->closed = st == VMMT_OK;
+    p->shutting_down = 0;
+    pthread_cond_broadcast(&p->changed);
     pthread_mutex_unlock(&p->lock);
-    return VMMT_OK;
+    return st;
 }
 
 void vmmt_pool_destroy(vmmt_pool *p)

@@ -47,7 +47,10 @@ struct vmmt_pool {
 
     pthread_mutex_t lock;   /* slots, slab, counters, state below */
     pthread_cond_t changed; /* publishers finished, slices recycled */
-    int closing, closed, active;
+    int closing;            /* no new calls: shutdown has begun */
+    int shutting_down;      /* one shutdown runs; a second caller waits for it */
+    int closed;             /* resources released */
+    int active;             /* calls inside the pool (publish, cancel, reclaim, drain) */
     int failed;
     char failure[1024];
     int warned_full;
@@ -68,6 +71,14 @@ struct vmmt_pool {
 /* Fail with VMMT_EFAILED / VMMT_ECLOSED if the pool cannot take calls; lock held. */
 int vmmt__pool_check_usable(struct vmmt_pool *p);
 
+/*
+ * Every public call that uses the pool's memory, stream or table counts
+ * itself active for its whole duration, so shutdown releases nothing under
+ * it. enter fails once the pool is closing or quarantined.
+ */
+int vmmt__pool_enter(struct vmmt_pool *p);
+void vmmt__pool_leave(struct vmmt_pool *p);
+
 /* Record an uncertain failure: every later call returns VMMT_EFAILED with it. */
 void vmmt__pool_quarantine(struct vmmt_pool *p);
 
@@ -75,6 +86,9 @@ void vmmt__pool_quarantine(struct vmmt_pool *p);
 int vmmt__recycler_start(struct vmmt_pool *p);
 void vmmt__recycler_stop(struct vmmt_pool *p);
 int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed);
+
+/* Read the control table into p->table_host; the caller is active or the recycler. */
+int vmmt__pool_read_table(struct vmmt_pool *p);
 
 /* Return a slot and its slice to the free lists; lock held. */
 void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot);

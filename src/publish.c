@@ -100,30 +100,25 @@ static int fail_full(struct vmmt_pool *p, uint64_t bytes)
     return VMMT_EFULL;
 }
 
-/* Reserve, reclaiming once when the pool looks full. Marks the caller active. */
+/* Reserve, reclaiming once when the pool looks full. The caller is active. */
 static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
 {
     int st;
 
     pthread_mutex_lock(&p->lock);
-    st = vmmt__pool_check_usable(p);
-    if (st == VMMT_OK) {
-        st = reserve_locked(p, bytes, slot);
-        if (st == VMMT_EFULL && p->in_flight > 0) {
-            pthread_mutex_unlock(&p->lock);
-            vmmt__pool_reclaim(p, NULL);
-            pthread_mutex_lock(&p->lock);
-            st = vmmt__pool_check_usable(p);
-            if (st == VMMT_OK) st = reserve_locked(p, bytes, slot);
-        }
-        if (st == VMMT_EFULL) st = fail_full(p, bytes);
-        if (st == VMMT_ETOOBIG)
-            vmmt__fail(VMMT_ETOOBIG,
-                       "%" PRIu64 " bytes can never fit: the pool's data region holds %" PRIu64
-                       " bytes; publish it another way or create a larger pool",
-                       bytes, p->map.size - p->data_offset);
+    st = reserve_locked(p, bytes, slot);
+    if (st == VMMT_EFULL && p->in_flight > 0) {
+        pthread_mutex_unlock(&p->lock);
+        vmmt__pool_reclaim(p, NULL);
+        pthread_mutex_lock(&p->lock);
+        st = p->failed ? vmmt__pool_check_usable(p) : reserve_locked(p, bytes, slot);
     }
-    if (st == VMMT_OK) p->active++;
+    if (st == VMMT_EFULL) st = fail_full(p, bytes);
+    if (st == VMMT_ETOOBIG)
+        vmmt__fail(VMMT_ETOOBIG,
+                   "%" PRIu64 " bytes can never fit: the pool's data region holds %" PRIu64
+                   " bytes; publish it another way or create a larger pool",
+                   bytes, p->map.size - p->data_offset);
     pthread_mutex_unlock(&p->lock);
     return st;
 }
@@ -144,15 +139,13 @@ static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
     } else if (st != VMMT_EFAILED) {
         vmmt__slot_release(p, slot);
     }
-    p->active--;
-    pthread_cond_broadcast(&p->changed);
     pthread_mutex_unlock(&p->lock);
 }
 
 /*
- * Enqueue the copies and the ready flag. If a later step fails after earlier
+ * Enqueue the copies and the ready flag. When a step fails after earlier
  * copies were enqueued, the stream must drain before the slice can be
- * reused; if even that fails the pool's state is uncertain.
+ * reused; if even that fails, the pool's state is uncertain.
  */
 static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
                    uint32_t slot, CUstream s)
@@ -160,14 +153,18 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr slice = p->map.base + p->data_offset + p->slot[slot].slice_offset;
     uint32_t gen = p->slot[slot].generation;
-    CUresult r = CUDA_SUCCESS;
-    size_t done = 0;
+    struct vmmt__saved_error first;
+    CUresult r = CUDA_SUCCESS, sr;
+    size_t enqueued = 0;
 
-    for (; done < n && r == CUDA_SUCCESS; done++) {
-        r = d->cuMemcpyDtoDAsync(slice + rel[done], bufs[done].ptr, bufs[done].nbytes, s);
-        if (r != CUDA_SUCCESS)
+    for (; enqueued < n; enqueued++) {
+        r = d->cuMemcpyDtoDAsync(slice + rel[enqueued], bufs[enqueued].ptr, bufs[enqueued].nbytes,
+                                 s);
+        if (r != CUDA_SUCCESS) {
             vmmt__cu_fail(r, "cuMemcpyDtoDAsync(%" PRIu64 " bytes of buffer %zu into the pool)",
-                          bufs[done].nbytes, done);
+                          bufs[enqueued].nbytes, enqueued);
+            break;
+        }
     }
     if (r == CUDA_SUCCESS) {
         r = d->cuStreamWriteValue32(s, vmmt__ctrl_ready(p->map.base, p->stride, slot), gen,
@@ -175,17 +172,18 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
         if (r != CUDA_SUCCESS) vmmt__cu_fail(r, "cuStreamWriteValue32(ready flag)");
     }
     if (r == CUDA_SUCCESS && p->handoff == VMMT_HANDOFF_STREAM) return VMMT_OK;
-    if (r == CUDA_SUCCESS || done > 1) {
-        /* Synchronous hand-off, or copies already queued before a failure. */
-        CUresult sr = d->cuStreamSynchronize(s);
-        if (sr != CUDA_SUCCESS) {
-            if (r != CUDA_SUCCESS) vmmt__wrap(VMMT_EFAILED, "then draining the stream");
-            vmmt__cu_fail(sr, "cuStreamSynchronize after enqueuing the publish copy");
-            vmmt__pool_quarantine(p);
-            return VMMT_EFAILED;
-        }
-    }
-    return r == CUDA_SUCCESS ? VMMT_OK : vmmt_last_status();
+    if (r != CUDA_SUCCESS && enqueued == 0) return vmmt_last_status();
+    /* Synchronous hand-off, or copies queued before a failure: drain the stream. */
+    vmmt__error_save(&first);
+    sr = d->cuStreamSynchronize(s);
+    if (sr == CUDA_SUCCESS) return r == CUDA_SUCCESS ? VMMT_OK : vmmt__error_restore(&first);
+    if (r != CUDA_SUCCESS)
+        vmmt__cu_fail(sr, "%s; then cuStreamSynchronize draining the copies already queued",
+                      first.msg);
+    else
+        vmmt__cu_fail(sr, "cuStreamSynchronize after enqueuing the publish copy");
+    vmmt__pool_quarantine(p);
+    return vmmt__wrap(VMMT_EFAILED, "the pool is quarantined");
 }
 
 static void describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
@@ -229,15 +227,19 @@ int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *s
     for (size_t i = 0; i < n; i++)
         if ((st = check_buffer(&bufs[i], i)) != VMMT_OK) return st;
     st = pack_layout(bufs, n, rel, &total);
-    if (st == VMMT_OK) st = reserve(p, total, &slot);
+    if (st == VMMT_OK) st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return st;
-    st = vmmt__ctx_enter(p->device);
+    st = reserve(p, total, &slot);
     if (st == VMMT_OK) {
-        st = enqueue(p, bufs, n, rel, slot, (CUstream)stream);
-        vmmt__ctx_leave();
+        st = vmmt__ctx_enter(p->device);
+        if (st == VMMT_OK) {
+            st = enqueue(p, bufs, n, rel, slot, (CUstream)stream);
+            vmmt__ctx_leave();
+        }
+        if (st == VMMT_OK) describe(p, bufs, n, rel, slot, out);
+        finish(p, slot, st, n);
     }
-    if (st == VMMT_OK) describe(p, bufs, n, rel, slot, out);
-    finish(p, slot, st, n);
+    vmmt__pool_leave(p);
     return st;
 }
 
@@ -258,10 +260,11 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_cancel");
     st = vmmt__desc_check_pool(&d, &p->tmpl);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_cancel: the descriptor is not from this pool");
+    st = vmmt__pool_enter(p);
+    if (st != VMMT_OK) return st;
     pthread_mutex_lock(&p->lock);
-    st = p->failed ? vmmt__pool_check_usable(p) : VMMT_OK;
     s = &p->slot[d.slot];
-    if (st == VMMT_OK && s->generation == d.generation && s->state == SLOT_IN_FLIGHT) {
+    if (s->generation == d.generation && s->state == SLOT_IN_FLIGHT) {
         p->cancelled++;
         /* Stream-ordered: the copy may still be running; the recycler frees
          * the slice once the ready flag shows it finished. */
@@ -275,5 +278,6 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
         }
     }
     pthread_mutex_unlock(&p->lock);
-    return st;
+    vmmt__pool_leave(p);
+    return VMMT_OK;
 }

@@ -52,7 +52,7 @@ static uint32_t sweep(struct vmmt_pool *p)
     return freed;
 }
 
-static int read_table(struct vmmt_pool *p)
+int vmmt__pool_read_table(struct vmmt_pool *p)
 {
     const struct vmmt_drv *d = vmmt__drv();
     int st;
@@ -74,7 +74,7 @@ int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed)
     pthread_mutex_lock(&p->lock);
     busy = p->in_flight > 0 && p->table_host != NULL;
     pthread_mutex_unlock(&p->lock);
-    if (busy) st = read_table(p);
+    if (busy) st = vmmt__pool_read_table(p);
     if (busy && st == VMMT_OK) {
         pthread_mutex_lock(&p->lock);
         p->reclaims++;
@@ -92,10 +92,11 @@ int vmmt_pool_reclaim(vmmt_pool *p, uint32_t *freed)
     int st;
 
     if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_reclaim: pool is NULL");
-    pthread_mutex_lock(&p->lock);
-    st = vmmt__pool_check_usable(p);
-    pthread_mutex_unlock(&p->lock);
-    return st == VMMT_OK ? vmmt__pool_reclaim(p, freed) : st;
+    st = vmmt__pool_enter(p);
+    if (st != VMMT_OK) return st;
+    st = vmmt__pool_reclaim(p, freed);
+    vmmt__pool_leave(p);
+    return st;
 }
 
 static void deadline_after(struct timespec *t, long us)
@@ -118,8 +119,12 @@ static void *recycler_main(void *arg)
             continue;
         }
         pthread_mutex_unlock(&p->lock);
-        if (vmmt__pool_reclaim(p, NULL) != VMMT_OK)
-            vmmt__log(VMMT_LOG_WARN, "background recycling: %s", vmmt_last_error());
+        /* A failed table read means the device or context is broken: nothing
+         * can be recycled safely any more. */
+        if (vmmt__pool_reclaim(p, NULL) != VMMT_OK) {
+            vmmt__wrap(VMMT_EFAILED, "background recycling");
+            vmmt__pool_quarantine(p);
+        }
         pthread_mutex_lock(&p->lock);
         deadline_after(&next, (long)p->cfg.recycle_interval_us);
         while (!p->stop && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
@@ -154,34 +159,32 @@ void vmmt__recycler_stop(struct vmmt_pool *p)
 
 int vmmt_pool_drain(vmmt_pool *p, int timeout_ms)
 {
-    struct timespec until, pause = {0, 50000};
+    struct timespec until, now, pause = {0, 50000};
+    uint32_t left;
     int st;
 
     if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_drain: pool is NULL");
     deadline_after(&until, (long)timeout_ms * 1000L);
     for (;;) {
-        struct timespec now;
+        st = vmmt__pool_enter(p);
+        if (st != VMMT_OK) return st;
         pthread_mutex_lock(&p->lock);
-        st = p->failed ? vmmt__pool_check_usable(p) : VMMT_OK;
-        if (st == VMMT_OK && p->in_flight == 0) {
-            pthread_mutex_unlock(&p->lock);
-            return VMMT_OK;
-        }
+        left = p->in_flight;
         pthread_mutex_unlock(&p->lock);
-        if (st != VMMT_OK) return st;
-        st = vmmt__pool_reclaim(p, NULL);
-        if (st != VMMT_OK) return st;
+        if (left > 0) st = vmmt__pool_reclaim(p, NULL);
+        pthread_mutex_lock(&p->lock);
+        left = p->in_flight;
+        pthread_mutex_unlock(&p->lock);
+        vmmt__pool_leave(p);
+        if (st != VMMT_OK || left == 0) return st;
         clock_gettime(CLOCK_MONOTONIC, &now);
         if (now.tv_sec > until.tv_sec ||
             (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec))
             break;
         nanosleep(&pause, NULL);
     }
-    pthread_mutex_lock(&p->lock);
-    st = vmmt__fail(VMMT_ETIMEDOUT,
-                    "pool still has %u slice(s) in flight after %d ms; a consumer has not "
-                    "acknowledged (is it alive, and does it consume every descriptor?)",
-                    p->in_flight, timeout_ms);
-    pthread_mutex_unlock(&p->lock);
-    return st;
+    return vmmt__fail(VMMT_ETIMEDOUT,
+                      "pool still has %u slice(s) in flight after %d ms; a consumer has not "
+                      "acknowledged (is it alive, and does it consume every descriptor?)",
+                      left, timeout_ms);
 }

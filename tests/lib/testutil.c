@@ -136,6 +136,8 @@ static void steady_process_state(void)
 
 void tu_use_test_driver(void)
 {
+    /* VMMT_TEST_FILTER=pattern runs only the matching tests (cmocka's glob). */
+    if (getenv("VMMT_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("VMMT_TEST_FILTER"));
     steady_process_state();
     const char *d = getenv("VMMT_TEST_DRIVER");
     if (d == NULL || *d == '\0') d = "emu";

@@ -11,135 +11,12 @@
 #include <unistd.h>
 
 #include "driver.h"
+#include "poolfix.h"
 #include "emu.h"
 #include "vmm.h"
 #include "pattern.h"
 #include "status.h"
 #include "testutil.h"
-
-#define MiB (1024ull * 1024)
-
-struct fixture {
-    tu_resources before;
-    vmmt_pool *pool;
-    vmmt_consumer *consumer;
-    CUstream stream;
-    CUdeviceptr src, dst;
-    size_t cap;
-};
-
-static int on_emu(void)
-{
-    return strcmp(vmmt_driver_name(), "emu") == 0;
-}
-
-static void emu_reset(void)
-{
-    if (!on_emu()) return;
-    unsetenv("VMMT_EMU_FAIL");
-    unsetenv("VMMT_EMU_HANDLES");
-    unsetenv("VMMT_EMU_WAIT_IMPORTED");
-    vmmt__emu_configure();
-    vmmt_probe_reset();
-}
-
-static void emu_fail(const char *spec)
-{
-    setenv("VMMT_EMU_FAIL", spec, 1);
-    vmmt__emu_configure();
-}
-
-static vmmt_pool_config config(uint64_t size, int consumers)
-{
-    vmmt_pool_config c;
-    vmmt_pool_config_init(&c);
-    c.memory_size = size;
-    c.consumer_count = consumers;
-    c.max_slices = 64;
-    return c;
-}
-
-static int setup(void **state)
-{
-    struct fixture *f = calloc(1, sizeof *f);
-    const struct vmmt_drv *d = vmmt__drv();
-
-    emu_reset();
-    /* Warm the probe cache and the primary context before counting resources. */
-    vmmt_handle_type t;
-    vmmt_select_handle_type(0, &t);
-    vmmt__ctx_enter(0);
-    tu_resources_take(&f->before);
-    f->cap = 8 * MiB;
-    assert_int_equal(d->cuStreamCreate(&f->stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    assert_int_equal(d->cuMemAlloc(&f->src, f->cap), CUDA_SUCCESS);
-    assert_int_equal(d->cuMemAlloc(&f->dst, f->cap), CUDA_SUCCESS);
-    assert_vmmt_ok(vmmt_consumer_create(NULL, &f->consumer));
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct fixture *f = *state;
-    const struct vmmt_drv *d = vmmt__drv();
-    tu_resources before = f->before;
-
-    emu_reset();
-    d->cuStreamSynchronize(f->stream);
-    vmmt_consumer_destroy(f->consumer);
-    vmmt_pool_destroy(f->pool);
-    d->cuMemFree(f->src);
-    d->cuMemFree(f->dst);
-    d->cuStreamDestroy(f->stream);
-    free(f);
-    vmmt__ctx_leave();
-    tu_resources_check(&before);
-    if (on_emu()) {
-        assert_int_equal(vmmt__emu_live_allocations(), 0);
-        assert_int_equal(vmmt__emu_live_mappings(), 0);
-        assert_int_equal(vmmt__emu_live_reservations(), 0);
-        assert_int_equal(vmmt__emu_live_streams(), 0);
-    }
-    return 0;
-}
-
-/* Write buffer i's pattern at src + off. */
-static void put(struct fixture *f, CUdeviceptr at, size_t n, uint32_t i)
-{
-    const struct vmmt_drv *d = vmmt__drv();
-    uint8_t *h = malloc(n);
-    tu_pattern_fill(h, n, i);
-    assert_int_equal(d->cuMemcpyHtoDAsync(at, h, n, f->stream), CUDA_SUCCESS);
-    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
-    free(h);
-}
-
-static void expect(struct fixture *f, CUdeviceptr at, size_t n, uint32_t i)
-{
-    const struct vmmt_drv *d = vmmt__drv();
-    uint8_t *h = malloc(n);
-    assert_int_equal(d->cuMemcpyDtoHAsync(h, at, n, f->stream), CUDA_SUCCESS);
-    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
-    assert_int_equal(tu_pattern_check(h, n, i), n);
-    free(h);
-}
-
-static vmmt_buffer bytes(CUdeviceptr p, size_t n)
-{
-    vmmt_buffer b;
-    memset(&b, 0, sizeof b);
-    b.ptr = p;
-    b.nbytes = n;
-    return b;
-}
-
-static vmmt_pool_stats stats(vmmt_pool *p)
-{
-    vmmt_pool_stats s;
-    assert_vmmt_ok(vmmt_pool_get_stats(p, &s));
-    return s;
-}
 
 /* ------------------------------------------------------------ config */
 
@@ -181,17 +58,6 @@ static void test_size_rounds_down(void **state)
 
 /* ------------------------------------------------------- round trips */
 
-static void roundtrip(struct fixture *f, size_t n, uint32_t i)
-{
-    vmmt_buffer b = bytes(f->src, n);
-    vmmt_desc d;
-
-    put(f, f->src, n, i);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
-    expect(f, f->dst, n, i);
-}
-
 static void test_roundtrip_in_process(void **state)
 {
     struct fixture *f = *state;
@@ -199,7 +65,7 @@ static void test_roundtrip_in_process(void **state)
 
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     for (uint32_t i = 0; i < 20; i++)
-        roundtrip(f, 1000 + i * 4099, i);
+        tu_roundtrip(f, 1000 + i * 4099, i);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     assert_int_equal(stats(f->pool).recycled, 20);
     assert_int_equal(stats(f->pool).in_flight, 0);
@@ -346,7 +212,7 @@ static void test_fabric_fallback(void **state)
     assert_non_null(strstr(g_logged, "falling back to POSIX_FD"));
     assert_int_equal(stats(f->pool).handle_type, VMMT_HANDLE_POSIX_FD);
     assert_true(stats(f->pool).fell_back_to_posix);
-    roundtrip(f, 5000, 1);
+    tu_roundtrip(f, 5000, 1);
 }
 
 /* ----------------------------------------------------------- packing */
@@ -489,7 +355,7 @@ static void test_failed_copy_rolls_back(void **state)
     assert_error_contains("cuMemcpyDtoDAsync");
     assert_int_equal(stats(f->pool).in_flight, 0);
     emu_reset();
-    roundtrip(f, 4096, 3);
+    tu_roundtrip(f, 4096, 3);
 }
 
 static void test_failed_sync_quarantines(void **state)
@@ -619,7 +485,7 @@ static void test_sync_handoff_when_wait_refused(void **state)
     vmmt_probe_reset();
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     assert_int_equal(stats(f->pool).handoff, VMMT_HANDOFF_SYNC);
-    roundtrip(f, 70000, 9);
+    tu_roundtrip(f, 70000, 9);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
@@ -635,7 +501,7 @@ static void test_consumer_polls_when_wait_refused(void **state)
     setenv("VMMT_EMU_WAIT_IMPORTED", "0", 1);
     vmmt__emu_configure();
     for (uint32_t i = 0; i < 5; i++)
-        roundtrip(f, 33333, i);
+        tu_roundtrip(f, 33333, i);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
@@ -699,7 +565,7 @@ static void test_evict(void **state)
     vmmt_desc d;
 
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
-    roundtrip(f, 4096, 1);
+    tu_roundtrip(f, 4096, 1);
     assert_int_equal(vmmt_consumer_pool_count(f->consumer), 1);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
     assert_vmmt_ok(vmmt_desc_inspect(&d, &info));
@@ -709,8 +575,6 @@ static void test_evict(void **state)
     assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
     assert_int_equal(vmmt_consumer_pool_count(f->consumer), 1);
 }
-
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void)
 {

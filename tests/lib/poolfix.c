@@ -1,0 +1,131 @@
+#include "poolfix.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "emu.h"
+#include "pattern.h"
+
+int on_emu(void)
+{
+    return strcmp(vmmt_driver_name(), "emu") == 0;
+}
+
+void emu_reset(void)
+{
+    if (!on_emu()) return;
+    unsetenv("VMMT_EMU_FAIL");
+    unsetenv("VMMT_EMU_HANDLES");
+    unsetenv("VMMT_EMU_WAIT_IMPORTED");
+    vmmt__emu_configure();
+    vmmt_probe_reset();
+}
+
+void emu_fail(const char *spec)
+{
+    setenv("VMMT_EMU_FAIL", spec, 1);
+    vmmt__emu_configure();
+}
+
+vmmt_pool_config config(uint64_t size, int consumers)
+{
+    vmmt_pool_config c;
+    vmmt_pool_config_init(&c);
+    c.memory_size = size;
+    c.consumer_count = consumers;
+    c.max_slices = 64;
+    return c;
+}
+
+int pool_setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof *f);
+    const struct vmmt_drv *d = vmmt__drv();
+
+    emu_reset();
+    /* Warm the probe cache and the primary context before counting resources. */
+    vmmt_handle_type t;
+    vmmt_select_handle_type(0, &t);
+    vmmt__ctx_enter(0);
+    tu_resources_take(&f->before);
+    f->cap = 8 * MiB;
+    assert_int_equal(d->cuStreamCreate(&f->stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(d->cuMemAlloc(&f->src, f->cap), CUDA_SUCCESS);
+    assert_int_equal(d->cuMemAlloc(&f->dst, f->cap), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &f->consumer));
+    *state = f;
+    return 0;
+}
+
+int pool_teardown(void **state)
+{
+    struct fixture *f = *state;
+    const struct vmmt_drv *d = vmmt__drv();
+    tu_resources before = f->before;
+
+    emu_reset();
+    d->cuStreamSynchronize(f->stream);
+    vmmt_consumer_destroy(f->consumer);
+    vmmt_pool_destroy(f->pool);
+    d->cuMemFree(f->src);
+    d->cuMemFree(f->dst);
+    d->cuStreamDestroy(f->stream);
+    free(f);
+    vmmt__ctx_leave();
+    tu_resources_check(&before);
+    if (on_emu()) {
+        assert_int_equal(vmmt__emu_live_allocations(), 0);
+        assert_int_equal(vmmt__emu_live_mappings(), 0);
+        assert_int_equal(vmmt__emu_live_reservations(), 0);
+        assert_int_equal(vmmt__emu_live_streams(), 0);
+    }
+    return 0;
+}
+
+/* Write buffer i's pattern at src + off. */
+void put(struct fixture *f, CUdeviceptr at, size_t n, uint32_t i)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    uint8_t *h = malloc(n);
+    tu_pattern_fill(h, n, i);
+    assert_int_equal(d->cuMemcpyHtoDAsync(at, h, n, f->stream), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    free(h);
+}
+
+void expect(struct fixture *f, CUdeviceptr at, size_t n, uint32_t i)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    uint8_t *h = malloc(n);
+    assert_int_equal(d->cuMemcpyDtoHAsync(h, at, n, f->stream), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_int_equal(tu_pattern_check(h, n, i), n);
+    free(h);
+}
+
+vmmt_buffer bytes(CUdeviceptr p, size_t n)
+{
+    vmmt_buffer b;
+    memset(&b, 0, sizeof b);
+    b.ptr = p;
+    b.nbytes = n;
+    return b;
+}
+
+vmmt_pool_stats stats(vmmt_pool *p)
+{
+    vmmt_pool_stats s;
+    assert_vmmt_ok(vmmt_pool_get_stats(p, &s));
+    return s;
+}
+
+void tu_roundtrip(struct fixture *f, size_t n, uint32_t i)
+{
+    vmmt_buffer b = bytes(f->src, n);
+    vmmt_desc d;
+
+    put(f, f->src, n, i);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, n, i);
+}

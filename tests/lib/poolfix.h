@@ -1,0 +1,41 @@
+/*
+ * The fixture shared by the transport tests: a stream, source and
+ * destination device buffers, a consumer, and the pool under test, with a
+ * leak check at teardown.
+ */
+#ifndef VMMT_POOLFIX_H
+#define VMMT_POOLFIX_H
+
+#include "driver.h"
+#include "testutil.h"
+
+#define MiB (1024ull * 1024)
+
+struct fixture {
+    tu_resources before;
+    vmmt_pool *pool;
+    vmmt_consumer *consumer;
+    CUstream stream;
+    CUdeviceptr src, dst;
+    size_t cap;
+};
+
+int on_emu(void);
+void emu_reset(void);
+void emu_fail(const char *spec);
+vmmt_pool_config config(uint64_t size, int consumers);
+int pool_setup(void **state);
+int pool_teardown(void **state);
+
+/* Write buffer i's pattern at `at`, and check it there. */
+void put(struct fixture *f, CUdeviceptr at, size_t n, uint32_t i);
+void expect(struct fixture *f, CUdeviceptr at, size_t n, uint32_t i);
+vmmt_buffer bytes(CUdeviceptr p, size_t n);
+vmmt_pool_stats stats(vmmt_pool *p);
+
+/* Publish n bytes of pattern i, consume them for all ranks, check them. */
+void tu_roundtrip(struct fixture *f, size_t n, uint32_t i);
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, pool_setup, pool_teardown)
+
+#endif
