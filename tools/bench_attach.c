@@ -162,7 +162,7 @@ static void s6_row(struct bench_env *e, const struct s6_ctx *x, const struct ben
     bench_summarize(f->total, &fl);
     for (int k = 0; k < 4; k++)
         bench_summarize(f->part[k], &p[k]);
-    row = bench_row_add(e->rep, "S6", "us", "attach: first consume, %s pool",
+    row = bench_row_add(e->rep, "S6", "us", "attach (first consume), %s pool",
                         bench_size_name(x->stats.allocation_size, sz, sizeof sz));
     bench_row_values(row, m.p50, m.p99, fl.p50, m.p50 / fl.p50);
     bench_row_goal(row, BENCH_GOAL_BOTH_MAX, S6_GOAL, S6_ABS_US);

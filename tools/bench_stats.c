@@ -197,11 +197,11 @@ static const char *verdict(const struct bench_row *row)
 
 void bench_print_table(FILE *f, const struct bench_report *r)
 {
-    fprintf(f, "\n%-3s %-34s %-5s %10s %10s %10s %8s %-22s %s\n", "id", "scenario", "unit", "p50",
+    fprintf(f, "\n%-3s %-38s %-5s %10s %10s %10s %8s %-22s %s\n", "id", "scenario", "unit", "p50",
             "p99", "floor p50", "ratio", "target", "met");
     for (size_t i = 0; i < r->nrows; i++) {
         const struct bench_row *row = &r->rows[i];
-        fprintf(f, "%-3s %-34s %-5s", row->id, row->label, row->unit ? row->unit : "");
+        fprintf(f, "%-3s %-38s %-5s", row->id, row->label, row->unit ? row->unit : "");
         cell(f, row->p50, 10);
         cell(f, row->p99, 10);
         cell(f, row->floor_p50, 10);
