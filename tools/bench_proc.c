@@ -325,6 +325,13 @@ static void s5_rows(struct s5_run *r, const struct bench_series *s, const struct
     bench_row_note(row, "a message counts once it is consumed by all %d consumer(s)", r->k);
 }
 
+/* Each run is a few thousand messages already: fewer repetitions than a single call gets. */
+static int s5_run_count(const struct bench_env *e)
+{
+    if (e->opt.reps > 0) return e->opt.reps / 40 > 3 ? e->opt.reps / 40 : 3;
+    return e->opt.quick ? 3 : 5;
+}
+
 static int s5_config(struct bench_env *e, struct bench_peer *peers, int k, uint64_t size,
                      uint32_t count, int goal)
 {
@@ -341,7 +348,7 @@ static int s5_config(struct bench_env *e, struct bench_peer *peers, int k, uint6
                           (unsigned long long)count * (k + 1), sz);
     if (!s || !fl) return bench_fail(e, "S5", "throughput", "too many series");
     st = bench_pool_create(e, mem, k, 4096, &r.pool);
-    if (st == VMMT_OK) st = s5_runs(&r, e->opt.quick ? 3 : 5, s, fl);
+    if (st == VMMT_OK) st = s5_runs(&r, s5_run_count(e), s, fl);
     /* Consumers unmap the pool before it goes away. */
     for (int i = 0; i < k && r.pool != NULL; i++)
         if (peer_reset(&peers[i]) != VMMT_OK && st == VMMT_OK) st = vmmt_last_status();
