@@ -14,6 +14,8 @@ static void usage(FILE *f)
                "      driver, devices and which CUDA VMM handle types work\n"
                "  demo [--consumers N] [--size BYTES] [--count N] [--driver cuda|emu]\n"
                "      a producer and consumer processes moving buffers, checked byte for byte\n"
+               "  bench [--driver cuda|emu] [--quick] [--json PATH] [--only S1,S3] [--reps N]\n"
+               "      benchmark scenarios S1-S9, each against its floor measured in the same run\n"
                "  version\n"
                "\n"
                "exit status: 0 success, 1 check failed, 2 error, 3 (probe) no shareable handle "
@@ -29,6 +31,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "probe") == 0) return cmd_probe(argc - 1, argv + 1);
     if (strcmp(argv[1], "demo") == 0 || strcmp(argv[1], "demo-consumer") == 0)
         return cmd_demo(argc - 1, argv + 1);
+    if (strcmp(argv[1], "bench") == 0 || strcmp(argv[1], "bench-peer") == 0)
+        return cmd_bench(argc - 1, argv + 1);
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
         printf("vmmt %s\n", VMMT_VERSION_STRING);
         return CLI_OK;

@@ -1,0 +1,131 @@
+/*
+ * vmmt bench --quick on the emulated driver, as CI runs it: every scenario
+ * runs to the end (S8 says it needs the real driver), the table is printed
+ * and the JSON file names every scenario. Timings are never checked.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define OUT_CAP  (256 * 1024)
+#define JSON_CAP (4 * 1024 * 1024)
+
+static char g_out[OUT_CAP];
+
+/* Run the tool with args; its stdout and stderr go to out. Returns its exit code. */
+static int run_tool(const char *const args[], char *out)
+{
+    const char *tool = getenv("VMMT_TEST_TOOL");
+    char *argv[16];
+    int pipefd[2], status, n = 0;
+    size_t len = 0;
+    ssize_t got;
+    pid_t pid;
+
+    assert_non_null(tool);
+    argv[n++] = (char *)tool;
+    for (int i = 0; args[i] != NULL && n < 15; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    assert_int_equal(pipe(pipefd), 0);
+    pid = fork();
+    if (pid == 0) {
+        dup2(pipefd[1], 1);
+        dup2(pipefd[1], 2);
+        close(pipefd[0]);
+        unsetenv("VMMT_DRIVER");
+        unsetenv("VMMT_EMU_HANDLES");
+        unsetenv("VMMT_HANDLE_TYPE");
+        execv(tool, argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    while ((got = read(pipefd[0], out + len, OUT_CAP - 1 - len)) > 0)
+        len += (size_t)got;
+    out[len] = '\0';
+    close(pipefd[0]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char *buf = malloc(JSON_CAP);
+    size_t n;
+
+    assert_non_null(f);
+    assert_non_null(buf);
+    n = fread(buf, 1, JSON_CAP - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+#define assert_contains(hay, needle)                                                               \
+    do {                                                                                           \
+        if (strstr((hay), (needle)) == NULL) fail_msg("lacks \"%s\":\n%.4000s", (needle), (hay));  \
+    } while (0)
+
+/* The JSON object of the first result row of scenario id, up to its closing brace. */
+static void row_of(const char *json, const char *id, char *row, size_t cap)
+{
+    char key[32];
+    const char *at, *end;
+
+    snprintf(key, sizeof key, "{\"id\": \"%s\"", id);
+    at = strstr(json, key);
+    if (at == NULL) fail_msg("the JSON file has no result for %s", id);
+    end = strchr(at, '}');
+    assert_non_null(end);
+    snprintf(row, cap, "%.*s", (int)(end - at + 1), at);
+}
+
+static void test_bench_quick_emu(void **state)
+{
+    char path[] = "/tmp/vmmt-bench-smoke-XXXXXX", row[1024], id[8];
+    const char *args[] = {"bench", "--driver", "emu", "--quick", "--json", path, NULL};
+    char *json;
+    int fd;
+
+    (void)state;
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    if (run_tool(args, g_out) != 0) fail_msg("vmmt bench exited non-zero:\n%s", g_out);
+    assert_contains(g_out, "floor p50");
+    assert_contains(g_out, "skipped: needs the real driver");
+    json = read_file(path);
+    unlink(path);
+    assert_contains(json, "\"driver\": \"emu\"");
+    assert_contains(json, "\"device\": \"vmmt emulated device 0\"");
+    assert_contains(json, "\"series\": [");
+    for (int i = 1; i <= 9; i++) {
+        snprintf(id, sizeof id, "S%d", i);
+        row_of(json, id, row, sizeof row);
+        assert_contains(row, "\"failed\": false");
+        assert_contains(row, i == 8 ? "\"skipped\": true" : "\"skipped\": false");
+    }
+    free(json);
+}
+
+static void test_bench_bad_option(void **state)
+{
+    const char *args[] = {"bench", "--only", "S10", NULL};
+    (void)state;
+    assert_int_equal(run_tool(args, g_out), 2);
+    assert_contains(g_out, "bad option '--only S10'");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bench_quick_emu),
+        cmocka_unit_test(test_bench_bad_option),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
