@@ -216,7 +216,7 @@ int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *s
                         vmmt_desc *out)
 {
     uint64_t rel[VMMT__MAX_PACK], total = 0;
-    uint32_t slot;
+    uint32_t slot = 0;
     int st;
 
     if (p == NULL || bufs == NULL || out == NULL || n == 0)
