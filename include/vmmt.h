@@ -297,6 +297,7 @@ typedef struct vmmt_pool_stats {
     vmmt_handle_type handle_type;
     vmmt_handoff handoff;
     int fell_back_to_posix;   /* FABRIC was asked for and failed */
+    int host_control_table;   /* the control table is in shared host memory */
     uint64_t allocation_size; /* the exported allocation */
     uint64_t table_bytes;     /* control table */
     uint64_t data_bytes;      /* usable for slices */

@@ -43,6 +43,9 @@ struct imported {
     struct vmmt__desc geometry; /* the pool-wide fields of the first descriptor */
     int device;
     struct vmmt__mapping map;
+    int host_table; /* the control table is the shared memfd in ctrl */
+    struct vmmt__ctrl ctrl;
+    CUdeviceptr table; /* the control table as streams address it */
     struct slot_state *slots;
     int users; /* consume and ack calls using the mapping right now */
     /* Host polling of ready words where a stream may not wait on them. */
@@ -87,12 +90,16 @@ static int release_pool(struct imported *ip)
     const struct vmmt_drv *d = vmmt__drv();
     int st;
 
-    if (ip->poll_stream != NULL && vmmt__ctx_enter(ip->device) == VMMT_OK) {
-        d->cuStreamSynchronize(ip->poll_stream);
-        d->cuStreamDestroy(ip->poll_stream);
-        ip->poll_stream = NULL;
+    if ((ip->poll_stream != NULL || ip->host_table) && vmmt__ctx_enter(ip->device) == VMMT_OK) {
+        if (ip->poll_stream != NULL) {
+            d->cuStreamSynchronize(ip->poll_stream);
+            d->cuStreamDestroy(ip->poll_stream);
+            ip->poll_stream = NULL;
+        }
         if (ip->poll_word != NULL) d->cuMemFreeHost(ip->poll_word);
         ip->poll_word = NULL;
+        vmmt__ctrl_release(&ip->ctrl);
+        ip->host_table = 0;
         vmmt__ctx_leave();
     }
     st = vmmt__mapping_release(&ip->map);
@@ -103,12 +110,35 @@ static int release_pool(struct imported *ip)
     return VMMT_OK;
 }
 
+/* Fetch the allocation's fd (and the shared control table's) from the broker; map both. */
+static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
+{
+    int fds[2] = {-1, -1}, want = ip->host_table ? 2 : 1, st;
+
+    st = vmmt__broker_fetch_fds(&d->broker, d->pool_id, c->cfg.timeout_ms, fds, want);
+    if (st == VMMT_OK)
+        st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
+    if (st == VMMT_OK && ip->host_table) {
+        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride,
+                                      &ip->ctrl);
+        if (st != VMMT_OK) {
+            struct vmmt__saved_error e;
+            vmmt__error_save(&e);
+            vmmt__mapping_release(&ip->map);
+            vmmt__error_restore(&e);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    return st;
+}
+
 /* Fetch the handle, import and map; lock held (imports are rare and serial). */
 static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
                        struct imported **out)
 {
     struct imported *ip = calloc(1, sizeof *ip);
-    int fd = -1, st;
+    int st;
 
     if (ip == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory to import a pool");
     ip->slots = calloc(d->table_slots, sizeof *ip->slots);
@@ -118,16 +148,17 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
     }
     ip->geometry = *d;
     ip->device = device;
+    ip->host_table = (d->flags & VMMT__DESC_HOST_TABLE) != 0;
+    ip->ctrl.fd = -1;
     pthread_mutex_init(&ip->poll_lock, NULL);
     if (d->handle_type == VMMT_HANDLE_FABRIC) {
         CUmemFabricHandle f;
         memcpy(f.data, d->fabric, sizeof f.data);
         st = vmmt__mapping_import_fabric(device, &f, d->alloc_size, &ip->map);
     } else {
-        st = vmmt__broker_fetch(&d->broker, d->pool_id, c->cfg.timeout_ms, &fd);
-        if (st == VMMT_OK) st = vmmt__mapping_import_posix_fd(device, fd, d->alloc_size, &ip->map);
-        if (fd >= 0) close(fd);
+        st = import_posix(c, d, ip);
     }
+    ip->table = ip->host_table ? ip->ctrl.dev : ip->map.base + d->table_offset;
     if (st != VMMT_OK) {
         pthread_mutex_destroy(&ip->poll_lock);
         free(ip->slots);
@@ -340,15 +371,33 @@ static int poll_once(const struct imported *ip, CUdeviceptr word, const struct t
     return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "reading the ready flag");
 }
 
+/* The ready word as the host sees it now: a plain load, or a copy through the pool's stream. */
+static int read_ready(struct imported *ip, const struct request *rq, CUdeviceptr word,
+                      const struct timespec *until, int timeout_ms, uint32_t *v)
+{
+    int st;
+
+    if (ip->host_table) {
+        *v = vmmt__ctrl_load(ip->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4);
+        return VMMT_OK;
+    }
+    st = poll_once(ip, word, until, timeout_ms);
+    if (st == VMMT_OK) *v = *ip->poll_word;
+    return st;
+}
+
 /*
- * The driver refused a stream wait on the imported word: poll it from the
- * host instead, on a stream of the pool's own (the legacy stream would queue
- * behind the application's work), within the consumer's timeout.
+ * The driver refused a stream wait on the ready word: watch it from the host
+ * instead, within the consumer's timeout. A device table is read on a stream
+ * of the pool's own: the legacy stream would queue behind the application's
+ * work.
  */
-static int host_wait(vmmt_consumer *c, struct imported *ip, CUdeviceptr word, uint32_t gen)
+static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr word)
 {
     const struct vmmt_drv *d = vmmt__drv();
+    struct imported *ip = rq->pool;
     struct timespec until, now, pause = {0, 20000};
+    uint32_t gen = rq->d.generation, v = 0;
     int st = VMMT_OK;
 
     clock_gettime(CLOCK_MONOTONIC, &until);
@@ -356,19 +405,18 @@ static int host_wait(vmmt_consumer *c, struct imported *ip, CUdeviceptr word, ui
     until.tv_nsec += (long)(c->cfg.timeout_ms % 1000) * 1000000L;
     if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&ip->poll_lock);
-    if (ip->poll_stream == NULL) {
+    if (!ip->host_table && ip->poll_stream == NULL) {
         st = VMMT_CU(d, cuStreamCreate(&ip->poll_stream, CU_STREAM_NON_BLOCKING));
         if (st == VMMT_OK) st = VMMT_CU(d, cuMemAllocHost((void **)&ip->poll_word, 4));
     }
     while (st == VMMT_OK) {
-        st = poll_once(ip, word, &until, c->cfg.timeout_ms);
-        if (st != VMMT_OK) break;
-        if (*ip->poll_word == gen) break;
-        if ((int32_t)(*ip->poll_word - gen) > 0) {
+        st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, &v);
+        if (st != VMMT_OK || v == gen) break;
+        if ((int32_t)(v - gen) > 0) {
             st = vmmt__fail(VMMT_ESTATE,
                             "slot holds a newer occupant (generation %u, the descriptor names "
                             "%u): the descriptor was cancelled and its slot reused",
-                            *ip->poll_word, gen);
+                            v, gen);
             break;
         }
         clock_gettime(CLOCK_MONOTONIC, &now);
@@ -377,7 +425,7 @@ static int host_wait(vmmt_consumer *c, struct imported *ip, CUdeviceptr word, ui
             st = vmmt__fail(VMMT_ETIMEDOUT,
                             "the producer's ready flag did not reach generation %u within %d "
                             "ms (it reads %u); is the producer alive?",
-                            gen, c->cfg.timeout_ms, *ip->poll_word);
+                            gen, c->cfg.timeout_ms, v);
             break;
         }
         nanosleep(&pause, NULL);
@@ -386,23 +434,31 @@ static int host_wait(vmmt_consumer *c, struct imported *ip, CUdeviceptr word, ui
     return st;
 }
 
+/*
+ * Order the copy after the producer's. With a shared host table the flag is
+ * usually set already and a load proves it, so the stream needs no wait.
+ */
 static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
 {
     const struct vmmt_drv *d = vmmt__drv();
-    CUdeviceptr word =
-        rq->pool->map.base + vmmt__ctrl_ready(rq->d.table_offset, rq->d.slot_stride, rq->d.slot);
+    CUdeviceptr word = rq->pool->table + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
+    const uint32_t *host = rq->pool->ctrl.host;
     CUresult r;
 
     if (!(rq->d.flags & VMMT__DESC_STREAM_ORDERED)) return VMMT_OK;
+    if (rq->pool->host_table &&
+        vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4) ==
+            rq->d.generation)
+        return VMMT_OK;
     r = d->cuStreamWaitValue32(s, word, rq->d.generation, CU_STREAM_WAIT_VALUE_GEQ);
     if (r == CUDA_SUCCESS) return VMMT_OK;
-    return host_wait(c, rq->pool, word, rq->d.generation);
+    return host_wait(c, rq, word);
 }
 
 static int write_acks(const struct request *rq, CUstream s)
 {
     const struct vmmt_drv *d = vmmt__drv();
-    CUdeviceptr table = rq->pool->map.base + rq->d.table_offset;
+    CUdeviceptr table = rq->pool->table;
 
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
         CUresult res =

@@ -9,7 +9,10 @@
 #ifndef VMMT_CTRL_H
 #define VMMT_CTRL_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "cuabi.h"
 
 #define VMMT__MAX_CONSUMERS 256
 #define VMMT__MAX_PACK      64
@@ -30,6 +33,37 @@ static inline uint64_t vmmt__ctrl_ack(uint64_t table, uint32_t stride, uint32_t 
 {
     return vmmt__ctrl_ready(table, stride, slot) + 4u * (1u + rank);
 }
+
+/* Acquire load of a table word written by another process or a GPU. */
+static inline uint32_t vmmt__ctrl_load(const uint32_t *word)
+{
+    return __atomic_load_n(word, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * Where the table lives. POSIX_FD pools keep it in host memory shared by
+ * every process (a memfd, registered with the driver so that streams can
+ * write and wait on it): the producer's recycler and a consumer checking a
+ * ready flag read it with plain loads, no driver call at all. FABRIC pools
+ * span nodes, which share no host memory, so their table stays at the start
+ * of the device allocation.
+ */
+struct vmmt__ctrl {
+    uint32_t *host;  /* CPU view of a shared table; NULL for a device table */
+    CUdeviceptr dev; /* where stream operations write and wait */
+    size_t bytes;    /* length mapped (whole pages) */
+    int fd;          /* the memfd while this process keeps it, else -1 */
+    int registered;
+};
+
+/* Producer: a new zeroed shared table of at least `bytes`, mapped and registered. */
+int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c);
+
+/* Consumer: map and register the table behind fd (which the caller keeps). */
+int vmmt__ctrl_attach_shared(int fd, size_t bytes, struct vmmt__ctrl *c);
+
+/* Unregister, unmap, close: whatever was done, in reverse. Needs the context current. */
+void vmmt__ctrl_release(struct vmmt__ctrl *c);
 
 /* Generations start at 1 and skip 0 on wrap, so a zeroed table matches nothing. */
 static inline uint32_t vmmt__next_generation(uint32_t g)

@@ -340,6 +340,21 @@ static int check_geometry(const struct vmmt__desc *d)
                           "descriptor field table_offset=%" PRIu64
                           " is not a multiple of 4; " CORRUPT,
                           d->table_offset);
+    if (d->flags & VMMT__DESC_HOST_TABLE) {
+        /* The table is a separate shared memfd: the allocation holds only data. */
+        if (d->handle_type != VMMT_HANDLE_POSIX_FD || d->table_offset != 0)
+            return vmmt__fail(VMMT_EPROTO,
+                              "descriptor flags name a shared host control table, which only "
+                              "POSIX_FD pools have, at table_offset 0 (found handle_type=%" PRIu32
+                              ", table_offset=%" PRIu64 "); " CORRUPT,
+                              d->handle_type, d->table_offset);
+        if (d->data_offset > d->alloc_size)
+            return vmmt__fail(VMMT_EPROTO,
+                              "descriptor field data_offset=%" PRIu64
+                              " is beyond alloc_size=%" PRIu64 "; " CORRUPT,
+                              d->data_offset, d->alloc_size);
+        return VMMT_OK;
+    }
     if (d->table_offset > d->alloc_size || table_bytes > d->alloc_size - d->table_offset)
         return vmmt__fail(
             VMMT_EPROTO,

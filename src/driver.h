@@ -49,6 +49,9 @@
     X(cuMemFree, 3020, (CUdeviceptr))                                                              \
     X(cuMemAllocHost, 3020, (void **, size_t))                                                     \
     X(cuMemFreeHost, 2000, (void *))                                                               \
+    X(cuMemHostRegister, 6050, (void *, size_t, unsigned int))                                     \
+    X(cuMemHostUnregister, 4000, (void *))                                                         \
+    X(cuMemHostGetDevicePointer, 3020, (CUdeviceptr *, void *, unsigned int))                      \
     X(cuMemcpyDtoDAsync, 3020, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                       \
     X(cuMemcpyHtoDAsync, 3020, (CUdeviceptr, const void *, size_t, CUstream))                      \
     X(cuMemcpyDtoHAsync, 3020, (void *, CUdeviceptr, size_t, CUstream))                            \

@@ -76,6 +76,10 @@ static const struct {
     {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
      "an illegal memory access was encountered"},
     {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+     "pointer does not correspond to a registered memory region"},
     {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {CUDA_ERROR_TIMEOUT, "CUDA_ERROR_TIMEOUT", "timeout occurred"},
@@ -230,6 +234,7 @@ static void configure_locked(void)
     g_cfg.handles = read_handles();
     g_cfg.wait_timeout_ms = timeout > INT_MAX ? INT_MAX : (int)timeout;
     g_cfg.wait_imported = env_number("VMMT_EMU_WAIT_IMPORTED", 1) != 0;
+    g_cfg.wait_host = env_number("VMMT_EMU_WAIT_HOST", 1) != 0;
     g_cfg.total_mem = env_number("VMMT_EMU_TOTAL_MEM", DEFAULT_TOTAL_MEM);
     read_fail_rules();
     for (int i = 0; i < EMU_MAX_DEVICES; i++)

@@ -35,6 +35,7 @@ struct emu_cfg {
     unsigned handles; /* CU_MEM_HANDLE_TYPE_* bits cuMemCreate accepts */
     int wait_timeout_ms;
     int wait_imported;
+    int wait_host; /* waits on registered host memory allowed */
     unsigned long long total_mem;
 };
 
@@ -80,6 +81,7 @@ CUresult vmmt__emu_cuCtxGetCurrent(CUcontext *);
 CUresult vmmt__emu_range_check(uintptr_t p, size_t n, int device, int need);
 /* Whether any byte of [p, p+n) is mapped from an imported allocation. Mutex held. */
 int vmmt__emu_range_imported(uintptr_t p, size_t n);
+int vmmt__emu_range_registered(uintptr_t p, size_t n);
 /* The memory lock, for reading, around every access to device memory. */
 void vmmt__emu_mem_read_lock(void);
 void vmmt__emu_mem_read_unlock(void);
@@ -104,6 +106,9 @@ CUresult vmmt__emu_cuMemAlloc(CUdeviceptr *, size_t);
 CUresult vmmt__emu_cuMemFree(CUdeviceptr);
 CUresult vmmt__emu_cuMemAllocHost(void **, size_t);
 CUresult vmmt__emu_cuMemFreeHost(void *);
+CUresult vmmt__emu_cuMemHostRegister(void *, size_t, unsigned int);
+CUresult vmmt__emu_cuMemHostUnregister(void *);
+CUresult vmmt__emu_cuMemHostGetDevicePointer(CUdeviceptr *, void *, unsigned int);
 
 /* --- emu_stream.c */
 CUresult vmmt__emu_cuMemcpyDtoDAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream);

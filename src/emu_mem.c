@@ -76,13 +76,18 @@ struct emu_map {
     uint64_t write_mask;
 };
 
-/* cuMemAlloc (device >= 0) and cuMemAllocHost (device -1) blocks. */
+/*
+ * cuMemAlloc (device >= 0) and cuMemAllocHost (device -1) blocks, and host
+ * memory of the application's registered with cuMemHostRegister (device -1,
+ * registered: the emulator neither mapped it nor unmaps it).
+ */
 struct emu_block {
     struct emu_block *next;
     uintptr_t addr;
     size_t size;   /* as asked */
     size_t mapped; /* rounded up to pages */
     int device;
+    int registered;
 };
 
 static pthread_rwlock_t g_mem_rw = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
@@ -760,15 +765,15 @@ static CUresult add_block(size_t size, int device, uintptr_t *addr)
 }
 
 /* Unlink and unmap the block at addr of the given kind; both locks held. */
-static int remove_block(uintptr_t addr, int host)
+static int remove_block(uintptr_t addr, int host, int registered)
 {
     for (struct emu_block **pp = &g_blocks; *pp != NULL; pp = &(*pp)->next) {
         struct emu_block *b = *pp;
-        if (b->addr != addr || (b->device < 0) != host) continue;
+        if (b->addr != addr || (b->device < 0) != host || b->registered != registered) continue;
         *pp = b->next;
         g_n_blocks--;
         if (!host) g_used[b->device] -= b->size;
-        munmap((void *)b->addr, b->mapped);
+        if (!registered) munmap((void *)b->addr, b->mapped);
         free(b);
         return 1;
     }
@@ -803,7 +808,7 @@ CUresult vmmt__emu_cuMemFree(CUdeviceptr dptr)
     EMU_ENTER(cuMemFree, 1);
     if (dptr == 0) return CUDA_SUCCESS;
     write_lock();
-    found = remove_block(dptr, 0);
+    found = remove_block(dptr, 0, 0);
     write_unlock();
     return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -827,9 +832,71 @@ CUresult vmmt__emu_cuMemFreeHost(void *p)
 
     EMU_ENTER(cuMemFreeHost, 1);
     write_lock();
-    found = p != NULL && remove_block((uintptr_t)p, 1);
+    found = p != NULL && remove_block((uintptr_t)p, 1, 0);
     write_unlock();
     return found ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The range must not overlap a block already known; emu lock held. */
+static int overlaps_block(uintptr_t p, size_t n)
+{
+    for (struct emu_block *b = g_blocks; b != NULL; b = b->next)
+        if (p < b->addr + b->size && b->addr < p + n) return 1;
+    return 0;
+}
+
+CUresult vmmt__emu_cuMemHostRegister(void *p, size_t size, unsigned int flags)
+{
+    struct emu_block *b;
+    CUresult r = CUDA_SUCCESS;
+
+    EMU_ENTER(cuMemHostRegister, 1);
+    if (vmmt__emu_current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (p == NULL || size == 0 || (flags & ~0x0fu) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if ((b = calloc(1, sizeof *b)) == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    b->addr = (uintptr_t)p;
+    b->size = size;
+    b->device = -1;
+    b->registered = 1;
+    vmmt__emu_lock();
+    /* The driver refuses to register a range twice. */
+    if (overlaps_block(b->addr, size)) {
+        r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    } else {
+        b->next = g_blocks;
+        g_blocks = b;
+        g_n_blocks++;
+    }
+    vmmt__emu_unlock();
+    if (r != CUDA_SUCCESS) free(b);
+    return r;
+}
+
+CUresult vmmt__emu_cuMemHostUnregister(void *p)
+{
+    int found;
+
+    EMU_ENTER(cuMemHostUnregister, 1);
+    write_lock();
+    found = p != NULL && remove_block((uintptr_t)p, 1, 1);
+    write_unlock();
+    return found ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
+CUresult vmmt__emu_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int flags)
+{
+    int found = 0;
+
+    EMU_ENTER(cuMemHostGetDevicePointer, 1);
+    if (d == NULL || p == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    vmmt__emu_lock();
+    for (struct emu_block *b = g_blocks; b != NULL && !found; b = b->next)
+        found = b->device < 0 && (uintptr_t)p >= b->addr && (uintptr_t)p < b->addr + b->size;
+    vmmt__emu_unlock();
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    /* Unified addressing: the device sees host memory at the host's address. */
+    *d = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------ validation */
@@ -859,6 +926,13 @@ CUresult vmmt__emu_range_check(uintptr_t p, size_t n, int device, int need)
         cur = m->addr + m->size;
     }
     return CUDA_SUCCESS;
+}
+
+int vmmt__emu_range_registered(uintptr_t p, size_t n)
+{
+    for (struct emu_block *b = g_blocks; b != NULL; b = b->next)
+        if (b->registered && p >= b->addr && p + n <= b->addr + b->size) return 1;
+    return 0;
 }
 
 int vmmt__emu_range_imported(uintptr_t p, size_t n)

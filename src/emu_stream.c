@@ -522,7 +522,7 @@ CUresult vmmt__emu_cuStreamWaitValue32(CUstream hs, CUdeviceptr addr, cuuint32_t
                                        unsigned int flags)
 {
     unsigned cond = flags & ~(unsigned)WAIT_FLUSH;
-    int wait_imported, imported, timeout_ms;
+    int wait_imported, imported, wait_host, host, timeout_ms;
     struct emu_op *op;
 
     EMU_ENTER(cuStreamWaitValue32, 1);
@@ -531,9 +531,11 @@ CUresult vmmt__emu_cuStreamWaitValue32(CUstream hs, CUdeviceptr addr, cuuint32_t
     wait_imported = vmmt__emu_cfg()->wait_imported;
     timeout_ms = vmmt__emu_cfg()->wait_timeout_ms;
     imported = vmmt__emu_range_imported(addr, 4);
+    wait_host = vmmt__emu_cfg()->wait_host;
+    host = vmmt__emu_range_registered(addr, 4);
     vmmt__emu_unlock();
-    /* Some platforms refuse waits on imported memory; the library must fall back. */
-    if (!wait_imported && imported) return CUDA_ERROR_NOT_SUPPORTED;
+    /* Some platforms refuse waits on imported or host memory; the library must fall back. */
+    if ((!wait_imported && imported) || (!wait_host && host)) return CUDA_ERROR_NOT_SUPPORTED;
     if ((op = new_op(OP_WAIT_VALUE, addr, 0, 4)) == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     op->dst_is_dev = 1;
     op->value = value;

@@ -114,7 +114,11 @@ static int layout(struct vmmt_pool *p)
     p->slots = p->cfg.max_slices;
     p->stride = vmmt__ctrl_stride((uint32_t)p->cfg.consumer_count);
     p->table_bytes = (uint64_t)p->slots * p->stride;
-    if (vmmt__align_up(p->table_bytes, VMMT__DATA_ALIGN, &data) != VMMT_OK) return VMMT_EINVAL;
+    p->host_table = p->type == VMMT_HANDLE_POSIX_FD && !p->cfg.device_control_table;
+    if (p->host_table)
+        data = 0; /* the whole allocation is data */
+    else if (vmmt__align_up(p->table_bytes, VMMT__DATA_ALIGN, &data) != VMMT_OK)
+        return VMMT_EINVAL;
     p->data_offset = data;
     if (p->data_offset + VMMT__DATA_ALIGN > p->map.size)
         return vmmt__fail(VMMT_EINVAL,
@@ -137,7 +141,7 @@ static int alloc_host_state(struct vmmt_pool *p)
     return VMMT_OK;
 }
 
-/* Stream, pinned table copy, zeroed table on the device. */
+/* The pool's stream, and its zeroed control table: shared host memory, or device memory and a pinned copy. */
 static int setup_stream(struct vmmt_pool *p)
 {
     const struct vmmt_drv *d = vmmt__drv();
@@ -145,6 +149,13 @@ static int setup_stream(struct vmmt_pool *p)
 
     st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
     if (st != VMMT_OK) return st;
+    if (p->host_table) {
+        st = vmmt__ctrl_create_shared(p->table_bytes, &p->ctrl);
+        p->table_host = p->ctrl.host;
+        p->ctrl_dev = p->ctrl.dev;
+        return st;
+    }
+    p->ctrl_dev = p->map.base;
     st = VMMT_CU(d, cuMemAllocHost((void **)&p->table_host, p->table_bytes));
     if (st != VMMT_OK) return st;
     st = VMMT_CU(d, cuMemsetD8Async(p->map.base, 0, p->table_bytes, p->stream));
@@ -161,6 +172,8 @@ static vmmt_handoff choose_handoff(struct vmmt_pool *p)
     vmmt_device_probe probe;
 
     if (p->cfg.handoff != VMMT_HANDOFF_AUTO) return p->cfg.handoff;
+    /* A consumer that may not wait on a shared host table polls it with plain loads. */
+    if (p->host_table) return VMMT_HANDOFF_STREAM;
     if (vmmt_probe_device(p->device, &probe) == VMMT_OK && probe.stream_wait_imported == 1)
         return VMMT_HANDOFF_STREAM;
     vmmt__log(VMMT_LOG_INFO,
@@ -173,13 +186,15 @@ static vmmt_handoff choose_handoff(struct vmmt_pool *p)
 static int start_broker(struct vmmt_pool *p, int fd)
 {
     struct vmmt__broker_config bc;
+    int fds[2] = {fd, p->ctrl.fd};
 
     memset(&bc, 0, sizeof bc);
     bc.path = p->cfg.broker_path;
     bc.allowed_uids = (const uid_t *)p->allowed_uids;
     bc.allowed_count = p->cfg.allowed_uid_count;
     bc.timeout_ms = p->cfg.timeout_ms;
-    return vmmt__broker_start(fd, p->tmpl.pool_id, &bc, &p->broker);
+    /* Consumers get the allocation, and the shared control table where there is one. */
+    return vmmt__broker_start_fds(fds, p->host_table ? 2 : 1, p->tmpl.pool_id, &bc, &p->broker);
 }
 
 /* Export, decide the hand-off, start the broker: the exported fd never outlives this call. */
@@ -208,6 +223,7 @@ static void fill_template(struct vmmt_pool *p)
 
     t->handle_type = (uint32_t)p->type;
     t->flags = p->handoff == VMMT_HANDOFF_STREAM ? VMMT__DESC_STREAM_ORDERED : 0;
+    if (p->host_table) t->flags |= VMMT__DESC_HOST_TABLE;
     if (p->type == VMMT_HANDLE_FABRIC) {
         memcpy(t->fabric, p->fabric.data, sizeof t->fabric);
     } else {
@@ -265,7 +281,10 @@ static void release_all(struct vmmt_pool *p)
             d->cuStreamDestroy(p->stream);
             p->stream = NULL;
         }
-        if (p->table_host != NULL) d->cuMemFreeHost(p->table_host);
+        if (p->host_table)
+            vmmt__ctrl_release(&p->ctrl);
+        else if (p->table_host != NULL)
+            d->cuMemFreeHost(p->table_host);
         p->table_host = NULL;
         if (vmmt__mapping_release(&p->map) != VMMT_OK)
             vmmt__log(VMMT_LOG_ERROR, "releasing the pool's device memory failed: %s",
@@ -295,6 +314,7 @@ static struct vmmt_pool *new_pool(void)
     pthread_condattr_t ca;
 
     if (p == NULL) return NULL;
+    p->ctrl.fd = -1;
     pthread_mutex_init(&p->lock, NULL);
     pthread_mutex_init(&p->reclaim_lock, NULL);
     pthread_condattr_init(&ca);
@@ -422,7 +442,7 @@ static int copies_landed(const struct vmmt_pool *p)
     for (uint32_t i = 0; i < p->slots; i++) {
         const struct vmmt__slot *s = &p->slot[i];
         if ((s->state == SLOT_IN_FLIGHT || s->state == SLOT_CANCELLED) &&
-            p->table_host[(size_t)i * (p->stride / 4)] != s->generation)
+            vmmt__ctrl_load(&p->table_host[(size_t)i * (p->stride / 4)]) != s->generation)
             return 0;
     }
     return 1;
@@ -514,6 +534,7 @@ int vmmt_pool_get_stats(vmmt_pool *p, vmmt_pool_stats *out)
     out->handle_type = p->type;
     out->handoff = p->handoff;
     out->fell_back_to_posix = p->fell_back;
+    out->host_control_table = p->host_table;
     out->allocation_size = p->map.size;
     out->table_bytes = p->table_bytes;
     out->data_bytes = p->map.size - p->data_offset;

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "broker.h"
+#include "ctrl.h"
 #include "cuabi.h"
 #include "desc.h"
 #include "slab.h"
@@ -40,6 +41,9 @@ struct vmmt_pool {
 
     uint32_t slots, stride;
     uint64_t table_bytes, data_offset;
+    int host_table;       /* control table in shared host memory (ctrl) */
+    struct vmmt__ctrl ctrl;
+    CUdeviceptr ctrl_dev; /* the table as streams address it */
     struct vmmt__slab *slab;
     struct vmmt__slot *slot;
     uint32_t *free_slots; /* stack of free slot numbers */
@@ -61,7 +65,7 @@ struct vmmt_pool {
     pthread_t thread;
     int thread_started, stop;
     CUstream stream;
-    uint32_t *table_host;
+    uint32_t *table_host; /* the shared table itself, or a pinned copy of the device table */
 
     uint32_t in_flight;
     uint64_t in_flight_bytes;

@@ -167,7 +167,7 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
         }
     }
     if (r == CUDA_SUCCESS) {
-        r = d->cuStreamWriteValue32(s, vmmt__ctrl_ready(p->map.base, p->stride, slot), gen,
+        r = d->cuStreamWriteValue32(s, vmmt__ctrl_ready(p->ctrl_dev, p->stride, slot), gen,
                                     CU_STREAM_WRITE_VALUE_DEFAULT);
         if (r != CUDA_SUCCESS) vmmt__cu_fail(r, "cuStreamWriteValue32(ready flag)");
     }

@@ -27,10 +27,10 @@ static int row_done(const struct vmmt_pool *p, uint32_t slot, uint32_t gen, int 
 {
     const uint32_t *row = p->table_host + (size_t)slot * (p->stride / 4);
 
-    if (row[0] != gen) return 0; /* the producer's copy has not finished */
+    if (vmmt__ctrl_load(&row[0]) != gen) return 0; /* the producer's copy has not finished */
     if (!need_acks) return 1;
     for (int r = 0; r < p->cfg.consumer_count; r++)
-        if (row[1 + r] != gen) return 0;
+        if (vmmt__ctrl_load(&row[1 + r]) != gen) return 0;
     return 1;
 }
 
@@ -57,6 +57,8 @@ int vmmt__pool_read_table(struct vmmt_pool *p)
     const struct vmmt_drv *d = vmmt__drv();
     int st;
 
+    /* A shared host table is read in place, word by word, with acquire loads. */
+    if (p->host_table) return VMMT_OK;
     st = vmmt__ctx_enter(p->device);
     if (st != VMMT_OK) return st;
     st = VMMT_CU(d, cuMemcpyDtoHAsync(p->table_host, p->map.base, p->table_bytes, p->stream));
@@ -107,6 +109,12 @@ static void deadline_after(struct timespec *t, long us)
     t->tv_nsec %= 1000000000L;
 }
 
+/*
+ * Sleep while nothing is in flight; otherwise reclaim once per interval. The
+ * first read waits a whole interval too: a slice published a moment ago
+ * cannot be acknowledged yet, and an early table read would only compete
+ * with the publisher for the device.
+ */
 static void *recycler_main(void *arg)
 {
     struct vmmt_pool *p = arg;
@@ -118,6 +126,10 @@ static void *recycler_main(void *arg)
             pthread_cond_wait(&p->wake, &p->lock);
             continue;
         }
+        deadline_after(&next, (long)p->cfg.recycle_interval_us);
+        while (!p->stop && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
+            ;
+        if (p->stop) break;
         pthread_mutex_unlock(&p->lock);
         /* A failed table read means the device or context is broken: nothing
          * can be recycled safely any more. */
@@ -126,9 +138,6 @@ static void *recycler_main(void *arg)
             vmmt__pool_quarantine(p);
         }
         pthread_mutex_lock(&p->lock);
-        deadline_after(&next, (long)p->cfg.recycle_interval_us);
-        while (!p->stop && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
-            ;
     }
     pthread_mutex_unlock(&p->lock);
     return NULL;

@@ -99,6 +99,27 @@ int vmmt__size_policy(uint64_t requested, uint64_t granularity, int round_up, ui
     return VMMT_OK;
 }
 
+/*
+ * The alignment of reserved ranges, per device: asked of the driver once,
+ * since every import maps at a fresh range and the answer never changes.
+ */
+static int reserve_alignment(int device, size_t *gmin, size_t *grec)
+{
+    static _Atomic size_t cache_min[64], cache_rec[64];
+    int st;
+
+    if (device >= 0 && device < 64 && (*gmin = cache_min[device]) != 0) {
+        *grec = cache_rec[device];
+        return VMMT_OK;
+    }
+    st = vmmt__granularity(device, VMMT_HANDLE_NONE, gmin, grec);
+    if (st == VMMT_OK && device >= 0 && device < 64) {
+        cache_rec[device] = *grec;
+        cache_min[device] = *gmin;
+    }
+    return st;
+}
+
 /* Reserve, map and grant access for m->handle; m->size and m->device set. */
 static int map_handle(const struct vmmt_drv *d, struct vmmt__mapping *m)
 {
@@ -107,7 +128,7 @@ static int map_handle(const struct vmmt_drv *d, struct vmmt__mapping *m)
     CUresult r;
     int st;
 
-    st = vmmt__granularity(m->device, VMMT_HANDLE_NONE, &gmin, &grec);
+    st = reserve_alignment(m->device, &gmin, &grec);
     if (st != VMMT_OK) return st;
     r = d->cuMemAddressReserve(&m->base, m->size, grec > gmin ? grec : gmin, 0, 0);
     if (r != CUDA_SUCCESS)

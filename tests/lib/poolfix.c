@@ -1,6 +1,7 @@
 #include "poolfix.h"
 
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 
 #include "emu.h"
@@ -17,6 +18,7 @@ void emu_reset(void)
     unsetenv("VMMT_EMU_FAIL");
     unsetenv("VMMT_EMU_HANDLES");
     unsetenv("VMMT_EMU_WAIT_IMPORTED");
+    unsetenv("VMMT_EMU_WAIT_HOST");
     vmmt__emu_configure();
     vmmt_probe_reset();
 }
@@ -129,3 +131,50 @@ void tu_roundtrip(struct fixture *f, size_t n, uint32_t i)
     assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
     expect(f, f->dst, n, i);
 }
+
+void sleep_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+
+static void *open_gate(void *arg)
+{
+    struct gate *g = arg;
+    sleep_ms(g->delay_ms);
+    vmmt__ctx_enter(0);
+    vmmt__drv()->cuMemsetD8Async(g->word, 1, 1, g->stream);
+    vmmt__drv()->cuStreamSynchronize(g->stream);
+    vmmt__ctx_leave();
+    return NULL;
+}
+
+/* Make `blocked` wait until the gate opens. */
+void gate_close(struct gate *g, CUstream blocked)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    g->blocked = blocked;
+    assert_int_equal(d->cuMemAlloc(&g->word, 4096), CUDA_SUCCESS);
+    assert_int_equal(d->cuMemsetD8Async(g->word, 0, 4, blocked), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamSynchronize(blocked), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamCreate(&g->stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamWaitValue32(blocked, g->word, 1, CU_STREAM_WAIT_VALUE_GEQ),
+                     CUDA_SUCCESS);
+}
+
+void gate_open_later(struct gate *g, long delay_ms)
+{
+    g->delay_ms = delay_ms;
+    pthread_create(&g->thread, NULL, open_gate, g);
+}
+
+/* The blocked stream must be past its wait before the word goes away. */
+void gate_free(struct gate *g)
+{
+    pthread_join(g->thread, NULL);
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(g->blocked), CUDA_SUCCESS);
+    vmmt__drv()->cuStreamDestroy(g->stream);
+    vmmt__drv()->cuMemFree(g->word);
+}
+

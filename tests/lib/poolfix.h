@@ -6,6 +6,8 @@
 #ifndef VMMT_POOLFIX_H
 #define VMMT_POOLFIX_H
 
+#include <pthread.h>
+
 #include "driver.h"
 #include "testutil.h"
 
@@ -35,6 +37,25 @@ vmmt_pool_stats stats(vmmt_pool *p);
 
 /* Publish n bytes of pattern i, consume them for all ranks, check them. */
 void tu_roundtrip(struct fixture *f, size_t n, uint32_t i);
+
+
+void sleep_ms(long ms);
+
+/*
+ * A gate: a word that holds a stream back (cuStreamWaitValue32) until a
+ * thread opens it after a delay, to keep GPU work queued on purpose.
+ */
+struct gate {
+    CUdeviceptr word;
+    CUstream stream;  /* opens the gate */
+    CUstream blocked; /* waits on it */
+    long delay_ms;
+    pthread_t thread;
+};
+void gate_close(struct gate *g, CUstream blocked);
+void gate_open_later(struct gate *g, long delay_ms);
+/* Joins the opener, lets the blocked stream pass the wait, frees the word. */
+void gate_free(struct gate *g);
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, pool_setup, pool_teardown)
 

@@ -576,6 +576,83 @@ static void test_evict(void **state)
     assert_int_equal(vmmt_consumer_pool_count(f->consumer), 1);
 }
 
+
+/* ---------------------------------------------------- control table */
+
+static void test_host_table_default_for_posix(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_true(stats(f->pool).host_control_table);
+    assert_int_equal(stats(f->pool).data_bytes, stats(f->pool).allocation_size);
+    vmmt_pool_destroy(f->pool);
+    c.device_control_table = 1;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_false(stats(f->pool).host_control_table);
+    assert_true(stats(f->pool).data_bytes < stats(f->pool).allocation_size);
+    for (uint32_t i = 0; i < 6; i++) tu_roundtrip(f, 5000 + i, i);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).recycled, 6);
+}
+
+static void test_device_table_across_processes(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(16 * MiB, 2);
+
+    c.device_control_table = 1;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    multi_process(f, 2, 6, 200000);
+}
+
+/* A ready flag already set in the shared table needs no stream wait at all. */
+static void test_ready_flag_seen_without_stream_wait(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+    unsigned long long waits;
+
+    if (!on_emu()) skip();
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    tu_roundtrip(f, 4096, 1); /* import first */
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    waits = vmmt__emu_calls("cuStreamWaitValue32");
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_int_equal(vmmt__emu_calls("cuStreamWaitValue32"), waits);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/* The flag is not set yet and the stream may not wait on host memory: poll with loads. */
+static void test_host_table_polled_when_wait_refused(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+    struct gate g;
+
+    if (!on_emu()) skip();
+    put(f, f->src, 4096, 7);
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    tu_roundtrip(f, 4096, 1);
+    setenv("VMMT_EMU_WAIT_HOST", "0", 1);
+    vmmt__emu_configure();
+    gate_close(&g, f->stream);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d)); /* queued behind the gate */
+    gate_open_later(&g, 100);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, g.stream, VMMT_ALL_RANKS, 0));
+    gate_free(&g);
+    unsetenv("VMMT_EMU_WAIT_HOST");
+    vmmt__emu_configure();
+    expect(f, f->dst, 4096, 7);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -601,6 +678,10 @@ int main(void)
         T(test_consumer_polls_when_wait_refused),
         T(test_dead_producer),
         T(test_bad_consume_arguments),
+        T(test_host_table_default_for_posix),
+        T(test_device_table_across_processes),
+        T(test_ready_flag_seen_without_stream_wait),
+        T(test_host_table_polled_when_wait_refused),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);

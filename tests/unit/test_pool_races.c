@@ -12,60 +12,6 @@
 #include "pattern.h"
 #include "poolfix.h"
 
-static void sleep_ms(long ms)
-{
-    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
-}
-
-/* Opens a gate word on another stream after a delay, from a thread. */
-struct gate {
-    CUdeviceptr word;
-    CUstream stream;  /* opens the gate */
-    CUstream blocked; /* waits on it */
-    long delay_ms;
-    pthread_t thread;
-};
-
-static void *open_gate(void *arg)
-{
-    struct gate *g = arg;
-    sleep_ms(g->delay_ms);
-    vmmt__ctx_enter(0);
-    vmmt__drv()->cuMemsetD8Async(g->word, 1, 1, g->stream);
-    vmmt__drv()->cuStreamSynchronize(g->stream);
-    vmmt__ctx_leave();
-    return NULL;
-}
-
-/* Make `blocked` wait until the gate opens. */
-static void gate_close(struct gate *g, CUstream blocked)
-{
-    const struct vmmt_drv *d = vmmt__drv();
-    g->blocked = blocked;
-    assert_int_equal(d->cuMemAlloc(&g->word, 4096), CUDA_SUCCESS);
-    assert_int_equal(d->cuMemsetD8Async(g->word, 0, 4, blocked), CUDA_SUCCESS);
-    assert_int_equal(d->cuStreamSynchronize(blocked), CUDA_SUCCESS);
-    assert_int_equal(d->cuStreamCreate(&g->stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    assert_int_equal(d->cuStreamWaitValue32(blocked, g->word, 1, CU_STREAM_WAIT_VALUE_GEQ),
-                     CUDA_SUCCESS);
-}
-
-static void gate_open_later(struct gate *g, long delay_ms)
-{
-    g->delay_ms = delay_ms;
-    pthread_create(&g->thread, NULL, open_gate, g);
-}
-
-/* The blocked stream must be past its wait before the word goes away. */
-static void gate_free(struct gate *g)
-{
-    pthread_join(g->thread, NULL);
-    assert_int_equal(vmmt__drv()->cuStreamSynchronize(g->blocked), CUDA_SUCCESS);
-    vmmt__drv()->cuStreamDestroy(g->stream);
-    vmmt__drv()->cuMemFree(g->word);
-}
-
 /* One process consuming a packed slice separately for ranks 0 and 1. */
 static void test_packed_per_rank(void **state)
 {

@@ -1,0 +1,98 @@
+/*
+ * The shared host control table: a memfd mapped in the producer and every
+ * consumer, registered with the driver so that GPU streams write the ready
+ * and acknowledgement words straight into it.
+ */
+#include "ctrl.h"
+
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "driver.h"
+#include "status.h"
+
+static size_t page_round(size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (n + page - 1) / page * page;
+}
+
+/* Map fd and register the mapping; fills c->host, c->dev, c->registered. */
+static int map_and_register(int fd, struct vmmt__ctrl *c)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    void *p;
+    int st;
+
+    p = mmap(NULL, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return vmmt__sys_fail("mapping the control table (%zu bytes)", c->bytes);
+    c->host = p;
+    /* PORTABLE: a consumer may serve several devices from one mapping. */
+    st = VMMT_CU(d, cuMemHostRegister(p, c->bytes,
+                                      CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+    if (st != VMMT_OK) return vmmt__wrap(st, "registering the control table with the driver");
+    c->registered = 1;
+    st = VMMT_CU(d, cuMemHostGetDevicePointer(&c->dev, p, 0));
+    return st;
+}
+
+static void init(struct vmmt__ctrl *c, size_t bytes)
+{
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    c->bytes = page_round(bytes);
+}
+
+int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c)
+{
+    int st;
+
+    init(c, bytes);
+    c->fd = memfd_create("vmmt-control", MFD_CLOEXEC);
+    if (c->fd < 0) return vmmt__sys_fail("memfd_create for the control table");
+    if (ftruncate(c->fd, (off_t)c->bytes) != 0) {
+        st = vmmt__sys_fail("sizing the control table to %zu bytes", c->bytes);
+        goto fail;
+    }
+    st = map_and_register(c->fd, c);
+    if (st == VMMT_OK) return VMMT_OK;
+fail:
+    vmmt__ctrl_release(c);
+    return st;
+}
+
+int vmmt__ctrl_attach_shared(int fd, size_t bytes, struct vmmt__ctrl *c)
+{
+    struct stat sb;
+    int st;
+
+    init(c, bytes);
+    if (fstat(fd, &sb) != 0) return vmmt__sys_fail("fstat of the control table descriptor");
+    if ((size_t)sb.st_size < c->bytes)
+        return vmmt__fail(VMMT_EPROTO,
+                          "the control table the broker sent has %lld bytes, the descriptor "
+                          "needs %zu; the broker belongs to another pool or version",
+                          (long long)sb.st_size, c->bytes);
+    st = map_and_register(fd, c);
+    if (st != VMMT_OK) vmmt__ctrl_release(c);
+    return st;
+}
+
+void vmmt__ctrl_release(struct vmmt__ctrl *c)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    struct vmmt__saved_error e;
+
+    vmmt__error_save(&e);
+    if (c->registered && d != NULL && d->cuMemHostUnregister(c->host) != CUDA_SUCCESS)
+        vmmt__log(VMMT_LOG_WARN, "unregistering the control table failed");
+    c->registered = 0;
+    if (c->host != NULL) munmap(c->host, c->bytes);
+    c->host = NULL;
+    c->dev = 0;
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    vmmt__error_restore(&e);
+}
