@@ -30,12 +30,18 @@
 
 #define PREFIX "CUDA VMM POSIX FD broker failed: "
 
-#define PROTO_VERSION     1
+/*
+ * Every version's request is 24 bytes, so that a broker of another version
+ * reaches its version check (not its length check) and names both versions.
+ * A client takes more fds than a broker may send, so that a surplus is seen
+ * (and closed) rather than cut off.
+ */
+#define PROTO_VERSION     2
 #define REQ_SIZE          24 /* magic 4, version 2, reserved 2, pool_id 16 */
-#define REPLY_HEAD        14 /* magic 4, version 2, reserved 2, status 4, msg_len 2 */
+#define REPLY_HEAD        14 /* magic 4, version 2, nfds 1, reserved 1, status 4, msg_len 2 */
 #define REPLY_MSG_MAX     200
 #define REPLY_MAX         (REPLY_HEAD + REPLY_MSG_MAX)
-#define CLIENT_MAX_FDS    8 /* fds a client is ready to receive (and close) in one reply */
+#define CLIENT_MAX_FDS    (2 * VMMT_BROKER_MAX_FDS)
 #define STOP_JOIN_MS      5000
 #define ACCEPT_BACKOFF_MS 100
 
@@ -48,7 +54,8 @@ struct conn {
 };
 
 struct vmmt__broker {
-    int served_fd;
+    int served_fds[VMMT_BROKER_MAX_FDS];
+    int nserved;
     uint8_t pool_id[16];
     uid_t euid;
     uid_t *allowed;
@@ -221,12 +228,12 @@ static bool uid_allowed(const struct vmmt__broker *b, uid_t uid)
  * Best effort: the peer may be gone, or hostile and not reading; either way
  * the connection is closed next, so a failure is only logged.
  */
-static bool send_reply(int cfd, int status, const char *msg, int fd)
+static bool send_reply(int cfd, int status, const char *msg, const int *fds, int nfds)
 {
     uint8_t buf[REPLY_MAX];
     union {
         struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int))];
+        char space[CMSG_SPACE(sizeof(int) * VMMT_BROKER_MAX_FDS)];
     } ctl;
     struct iovec iov;
     struct msghdr mh;
@@ -235,7 +242,8 @@ static bool send_reply(int cfd, int status, const char *msg, int fd)
     if (len > REPLY_MSG_MAX) len = REPLY_MSG_MAX;
     memcpy(buf, REPLY_MAGIC, 4);
     put_u16(buf + 4, PROTO_VERSION);
-    put_u16(buf + 6, 0);
+    buf[6] = (uint8_t)nfds;
+    buf[7] = 0;
     put_i32(buf + 8, status);
     put_u16(buf + 12, (uint16_t)len);
     if (len > 0) memcpy(buf + REPLY_HEAD, msg, len);
@@ -245,15 +253,16 @@ static bool send_reply(int cfd, int status, const char *msg, int fd)
     memset(&mh, 0, sizeof mh);
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
-    if (fd >= 0) {
+    if (nfds > 0) {
+        /* One control message keeps the fds in order: the client relies on their positions. */
         memset(&ctl, 0, sizeof ctl);
         mh.msg_control = ctl.space;
-        mh.msg_controllen = sizeof ctl.space;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
         struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
     }
     if (sendmsg(cfd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
         vmmt__log(VMMT_LOG_INFO, "fd broker: reply to a client failed: %s", strerror(errno));
@@ -262,7 +271,7 @@ static bool send_reply(int cfd, int status, const char *msg, int fd)
     return true;
 }
 
-/* Why a request is malformed, or NULL when it is a version-1 request. */
+/* Why a request is malformed, or NULL when it is a request of our version. */
 static const char *request_problem(const uint8_t *req, ssize_t n, char *why, size_t cap)
 {
     if (n != REQ_SIZE) {
@@ -271,7 +280,9 @@ static const char *request_problem(const uint8_t *req, ssize_t n, char *why, siz
     } else if (memcmp(req, REQ_MAGIC, 4) != 0) {
         snprintf(why, cap, "request does not start with \"VMBQ\"; is the client a vmmt consumer?");
     } else if (get_u16(req + 4) != PROTO_VERSION) {
-        snprintf(why, cap, "request version %u is not supported; this broker speaks version %d",
+        snprintf(why, cap,
+                 "request version %u is not supported; this broker speaks version %d: use the "
+                 "same vmmt version on producer and consumers",
                  get_u16(req + 4), PROTO_VERSION);
     } else if (get_u16(req + 6) != 0) {
         snprintf(why, cap, "request reserved field is %u; it must be 0", get_u16(req + 6));
@@ -308,12 +319,12 @@ static bool serve_conn(struct vmmt__broker *b, int cfd)
                  "uid %u is not allowed by the vmmt broker of pool %s; add it to the pool's "
                  "allowed uids",
                  (unsigned)cred.uid, mine);
-        send_reply(cfd, VMMT_EPERM, msg, -1);
+        send_reply(cfd, VMMT_EPERM, msg, NULL, 0);
         count(&b->refused_peer);
         return true;
     }
     if (request_problem(req, n, msg, sizeof msg) != NULL) {
-        send_reply(cfd, VMMT_EPROTO, msg, -1);
+        send_reply(cfd, VMMT_EPROTO, msg, NULL, 0);
         count(&b->malformed);
         return true;
     }
@@ -322,11 +333,11 @@ static bool serve_conn(struct vmmt__broker *b, int cfd)
                  "pool %s is not served here: this vmmt broker serves pool %s; check the "
                  "descriptor's pool id and broker address",
                  short_id(req + 8, theirs), mine);
-        send_reply(cfd, VMMT_EINVAL, msg, -1);
+        send_reply(cfd, VMMT_EINVAL, msg, NULL, 0);
         count(&b->refused_pool);
         return true;
     }
-    if (send_reply(cfd, VMMT_OK, NULL, b->served_fd)) count(&b->served);
+    if (send_reply(cfd, VMMT_OK, NULL, b->served_fds, b->nserved)) count(&b->served);
     return true;
 }
 
@@ -567,12 +578,17 @@ fail:
     return st;
 }
 
-static int check_config(int fd, const uint8_t *pool_id, const struct vmmt__broker_config *cfg,
-                        struct vmmt__broker **out)
+static int check_config(const int *fds, int nfds, const uint8_t *pool_id,
+                        const struct vmmt__broker_config *cfg, struct vmmt__broker **out)
 {
-    if (out == NULL || pool_id == NULL)
-        return vmmt__fail(VMMT_EINVAL, "pool_id and out must not be NULL");
-    if (fd < 0) return vmmt__fail(VMMT_EINVAL, "fd %d is not a file descriptor", fd);
+    if (out == NULL || pool_id == NULL || fds == NULL)
+        return vmmt__fail(VMMT_EINVAL, "fds, pool_id and out must not be NULL");
+    if (nfds < 1 || nfds > VMMT_BROKER_MAX_FDS)
+        return vmmt__fail(VMMT_EINVAL, "nfds is %d; a broker serves 1 to %d fds", nfds,
+                          VMMT_BROKER_MAX_FDS);
+    for (int i = 0; i < nfds; i++)
+        if (fds[i] < 0)
+            return vmmt__fail(VMMT_EINVAL, "fds[%d] is %d, not a file descriptor", i, fds[i]);
     if (cfg == NULL) return VMMT_OK;
     if (cfg->allowed_count > 0 && cfg->allowed_uids == NULL)
         return vmmt__fail(VMMT_EINVAL, "allowed_count is %zu but allowed_uids is NULL",
@@ -618,27 +634,45 @@ static int start_thread(struct vmmt__broker *b)
     return VMMT_OK;
 }
 
-int vmmt__broker_start(int fd, const uint8_t pool_id[16], const struct vmmt__broker_config *cfg,
-                       struct vmmt__broker **out)
+/* The broker's own copies: the caller may close its fds as soon as start returns. */
+static int dup_served(struct vmmt__broker *b, const int *fds, int nfds)
+{
+    for (int i = 0; i < nfds; i++) {
+        b->served_fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+        if (b->served_fds[i] < 0) return vmmt__sys_fail("dup of the pool's fds[%d] %d", i, fds[i]);
+        b->nserved = i + 1;
+    }
+    return VMMT_OK;
+}
+
+static void close_served(struct vmmt__broker *b)
+{
+    for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
+        close_fd(&b->served_fds[i]);
+    b->nserved = 0;
+}
+
+int vmmt__broker_start_fds(const int *fds, int nfds, const uint8_t pool_id[16],
+                           const struct vmmt__broker_config *cfg, struct vmmt__broker **out)
 {
     struct vmmt__broker *b;
     char id[9] = "?";
-    int st = check_config(fd, pool_id, cfg, out);
+    int st;
 
+    if (out != NULL) *out = NULL;
+    st = check_config(fds, nfds, pool_id, cfg, out);
     if (st != VMMT_OK) goto fail_args;
-    *out = NULL;
     b = calloc(1, sizeof *b);
     if (b == NULL) return vmmt__fail(VMMT_ENOMEM, "no memory for the broker");
-    b->served_fd = b->listen_fd = b->wake_fd = -1;
+    b->listen_fd = b->wake_fd = -1;
+    for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
+        b->served_fds[i] = -1;
     memcpy(b->pool_id, pool_id, 16);
     b->euid = geteuid();
     st = copy_config(b, cfg);
     if (st != VMMT_OK) goto fail_free;
-    b->served_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (b->served_fd < 0) {
-        st = vmmt__sys_fail("dup of the pool's fd %d", fd);
-        goto fail_free;
-    }
+    st = dup_served(b, fds, nfds);
+    if (st != VMMT_OK) goto fail_served;
     b->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (b->wake_fd < 0) {
         st = vmmt__sys_fail("eventfd");
@@ -657,13 +691,19 @@ fail_listener:
 fail_wake:
     close_fd(&b->wake_fd);
 fail_served:
-    close_fd(&b->served_fd);
+    close_served(b);
 fail_free:
     free(b->allowed);
     free(b);
 fail_args:
     if (pool_id != NULL) short_id(pool_id, id);
     return vmmt__wrap(st, "cannot start the CUDA VMM POSIX FD broker of pool %s", id);
+}
+
+int vmmt__broker_start(int fd, const uint8_t pool_id[16], const struct vmmt__broker_config *cfg,
+                       struct vmmt__broker **out)
+{
+    return vmmt__broker_start_fds(&fd, 1, pool_id, cfg, out);
 }
 
 const struct vmmt__broker_addr *vmmt__broker_address(const struct vmmt__broker *b)
@@ -695,7 +735,7 @@ void vmmt__broker_stop(struct vmmt__broker *b)
     close_fd(&b->listen_fd);
     unlink_path(b);
     close_fd(&b->wake_fd);
-    close_fd(&b->served_fd);
+    close_served(b);
     free(b->allowed);
     free(b);
 }
@@ -873,11 +913,40 @@ static void clean_text(char *dst, const uint8_t *src, size_t n)
     dst[n] = '\0';
 }
 
-static int reply_status(const struct reply *rp, const char *where, const uint8_t pool_id[16],
-                        int *fd_index)
+/*
+ * The text after the header, sanitised, when the reply's length agrees with its
+ * msg_len; false otherwise. Every version so far puts msg_len at the same place.
+ */
+static bool reply_text(const struct reply *rp, char msg[REPLY_MSG_MAX + 1])
 {
-    char msg[REPLY_MSG_MAX + 1], id[9];
-    uint16_t mlen;
+    uint16_t mlen = get_u16(rp->buf + 12);
+
+    msg[0] = '\0';
+    if (mlen > REPLY_MSG_MAX || rp->len != REPLY_HEAD + mlen) return false;
+    clean_text(msg, rp->buf + REPLY_HEAD, mlen);
+    return true;
+}
+
+static int no_fds(const struct reply *rp, const char *where, const uint8_t pool_id[16])
+{
+    char id[9];
+
+    return vmmt__fail(VMMT_EPROTO,
+                      PREFIX "broker returned no file descriptor for pool %s at %s: %s",
+                      short_id(pool_id, id), where,
+                      (rp->msg_flags & MSG_CTRUNC)
+                          ? "the kernel dropped it (MSG_CTRUNC); is this process at its "
+                            "open-file limit (ulimit -n)?"
+                          : "the success reply carried no SCM_RIGHTS data; is the server a "
+                            "vmmt broker?");
+}
+
+/* VMMT_OK when rp is a success reply carrying exactly `want` fds. */
+static int reply_status(const struct reply *rp, const char *where, const uint8_t pool_id[16],
+                        int want)
+{
+    char msg[REPLY_MSG_MAX + 1];
+    unsigned version, announced;
     int32_t status;
 
     if (rp->len == 0)
@@ -890,46 +959,64 @@ static int reply_status(const struct reply *rp, const char *where, const uint8_t
             VMMT_EPROTO, PREFIX "malformed reply from %s (%zd bytes, %s); is it a vmmt broker?",
             where, rp->len,
             rp->len >= 4 && memcmp(rp->buf, REPLY_MAGIC, 4) == 0 ? "bad length" : "no VMBR magic");
-    if (get_u16(rp->buf + 4) != PROTO_VERSION)
+    /* Before anything else in the header: the other fields may mean something else there. */
+    version = get_u16(rp->buf + 4);
+    if (version != PROTO_VERSION) {
+        /* Its text, if it has one, is likely its own version complaint: worth passing on. */
+        bool said = reply_text(rp, msg) && msg[0] != '\0';
         return vmmt__fail(VMMT_EPROTO,
-                          PREFIX "%s replied with protocol version %u; this client speaks %d: "
-                                 "use the same vmmt version on both sides",
-                          where, get_u16(rp->buf + 4), PROTO_VERSION);
-    mlen = get_u16(rp->buf + 12);
-    if (mlen > REPLY_MSG_MAX || rp->len != REPLY_HEAD + mlen)
+                          PREFIX "%s speaks broker protocol version %u, this build speaks %d: use "
+                                 "the same vmmt version on producer and consumers%s%s%s",
+                          where, version, PROTO_VERSION, said ? " (it said: \"" : "",
+                          said ? msg : "", said ? "\")" : "");
+    }
+    if (!reply_text(rp, msg))
         return vmmt__fail(VMMT_EPROTO,
                           PREFIX "malformed reply from %s: message length %u in a %zd-byte reply",
-                          where, mlen, rp->len);
-    clean_text(msg, rp->buf + REPLY_HEAD, mlen);
+                          where, get_u16(rp->buf + 12), rp->len);
     status = get_i32(rp->buf + 8);
     if (status < VMMT_ETOOBIG || status > VMMT_OK)
         return vmmt__fail(VMMT_EPROTO, PREFIX "%s replied with unknown status %d: %s", where,
                           (int)status, msg);
     if (status != VMMT_OK) return vmmt__fail(status, PREFIX "%s", msg);
-    if (rp->nfds == 0)
+    if (rp->nfds == 0) return no_fds(rp, where, pool_id);
+    announced = rp->buf[6];
+    if (announced < 1 || announced > VMMT_BROKER_MAX_FDS)
         return vmmt__fail(VMMT_EPROTO,
-                          PREFIX "broker returned no file descriptor for pool %s at %s: %s",
-                          short_id(pool_id, id), where,
+                          PREFIX "malformed reply from %s: it announces %u file descriptors; a "
+                                 "broker sends 1 to %d",
+                          where, announced, VMMT_BROKER_MAX_FDS);
+    if ((unsigned)rp->nfds != announced)
+        return vmmt__fail(VMMT_EPROTO, PREFIX "%s announced %u file descriptor(s) but %d arrived%s",
+                          where, announced, rp->nfds,
                           (rp->msg_flags & MSG_CTRUNC)
-                              ? "the kernel dropped it (MSG_CTRUNC); is this process at its "
+                              ? "; the kernel dropped some (MSG_CTRUNC): is this process at its "
                                 "open-file limit (ulimit -n)?"
-                              : "the success reply carried no SCM_RIGHTS data; is the server a "
-                                "vmmt broker?");
-    *fd_index = 0;
+                              : "");
+    if (rp->nfds != want)
+        return vmmt__fail(VMMT_EPROTO,
+                          PREFIX "broker returned %d file descriptor(s), expected %d, from %s; "
+                                 "use the same vmmt version on producer and consumers",
+                          rp->nfds, want, where);
     return VMMT_OK;
 }
 
-int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
-                       int timeout_ms, int *fd_out)
+int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
+                           int timeout_ms, int *fds_out, int want)
 {
     char where[4 * sizeof addr->name + 2];
     struct reply rp;
     int64_t deadline;
-    int s = -1, keep = -1, st;
+    int s = -1, st;
 
-    if (fd_out != NULL) *fd_out = -1;
-    if (addr == NULL || pool_id == NULL || fd_out == NULL)
-        return vmmt__fail(VMMT_EINVAL, PREFIX "addr, pool_id and fd_out must not be NULL");
+    if (fds_out != NULL)
+        for (int i = 0; i < want && i < VMMT_BROKER_MAX_FDS; i++)
+            fds_out[i] = -1;
+    if (addr == NULL || pool_id == NULL || fds_out == NULL)
+        return vmmt__fail(VMMT_EINVAL, PREFIX "addr, pool_id and fds_out must not be NULL");
+    if (want < 1 || want > VMMT_BROKER_MAX_FDS)
+        return vmmt__fail(VMMT_EINVAL, PREFIX "want is %d; a broker serves 1 to %d fds", want,
+                          VMMT_BROKER_MAX_FDS);
     if (timeout_ms < 0)
         return vmmt__fail(VMMT_EINVAL,
                           PREFIX "timeout_ms is %d; use a positive number, or 0 "
@@ -948,11 +1035,23 @@ int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_
     if (st != VMMT_OK) goto out;
     st = client_recv(s, where, deadline, timeout_ms, &rp);
     if (st != VMMT_OK) goto out;
-    st = reply_status(&rp, where, pool_id, &keep);
-    if (st == VMMT_OK) *fd_out = rp.fds[keep];
+    st = reply_status(&rp, where, pool_id, want);
+    if (st != VMMT_OK) goto out;
+    /* Handed over: the caller owns them now, so the cleanup below must not close them. */
+    memcpy(fds_out, rp.fds, sizeof(int) * (size_t)want);
+    rp.nfds = 0;
 out:
     for (int i = 0; i < rp.nfds; i++)
-        if (i != keep) close(rp.fds[i]);
+        close(rp.fds[i]);
     close_fd(&s);
     return st;
+}
+
+int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
+                       int timeout_ms, int *fd_out)
+{
+    /* Checked here so that the message names this function's parameter. */
+    if (fd_out == NULL)
+        return vmmt__fail(VMMT_EINVAL, PREFIX "addr, pool_id and fd_out must not be NULL");
+    return vmmt__broker_fetch_fds(addr, pool_id, timeout_ms, fd_out, 1);
 }

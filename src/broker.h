@@ -1,8 +1,8 @@
 /*
- * The file-descriptor broker: a producer serves its pool's exported POSIX fd
- * to consumer processes over an AF_UNIX SOCK_SEQPACKET socket (SCM_RIGHTS),
- * after checking each peer's credentials. Protocol and security model:
- * docs/broker.md.
+ * The file-descriptor broker: a producer serves its pool's exported fds (the
+ * device allocation's POSIX fd, the control table's memfd) to consumer processes over an AF_UNIX
+ * SOCK_SEQPACKET socket (SCM_RIGHTS), after checking each peer's credentials. Protocol and security
+ * model: docs/broker.md.
  */
 #ifndef VMMT_BROKER_H
 #define VMMT_BROKER_H
@@ -18,6 +18,7 @@
 
 #define VMMT_BROKER_DEFAULT_TIMEOUT_MS 2000
 #define VMMT_BROKER_MAX_PENDING        64
+#define VMMT_BROKER_MAX_FDS            4
 
 struct vmmt__broker_config {
     const char *path;          /* NULL: an unguessable abstract name; else a filesystem path */
@@ -30,9 +31,14 @@ struct vmmt__broker_config {
 struct vmmt__broker;
 
 /*
- * Serve `fd` (dup'ed; the broker owns its copy) to clients that name
- * `pool_id`. cfg may be NULL for the defaults. Starts one thread.
+ * Serve fds[0..nfds) (each dup'ed; the broker owns its copies) in this order,
+ * all in one reply, to clients that name `pool_id`. nfds is 1 to
+ * VMMT_BROKER_MAX_FDS. cfg may be NULL for the defaults. Starts one thread.
  */
+int vmmt__broker_start_fds(const int *fds, int nfds, const uint8_t pool_id[16],
+                           const struct vmmt__broker_config *cfg, struct vmmt__broker **out);
+
+/* vmmt__broker_start_fds with the one fd. */
 int vmmt__broker_start(int fd, const uint8_t pool_id[16], const struct vmmt__broker_config *cfg,
                        struct vmmt__broker **out);
 
@@ -42,10 +48,16 @@ const struct vmmt__broker_addr *vmmt__broker_address(const struct vmmt__broker *
 void vmmt__broker_stop(struct vmmt__broker *b);
 
 /*
- * Client: connect, ask for pool_id, receive the fd (CLOEXEC) in *fd_out.
- * Never waits beyond timeout_ms (0 means the default 2000). *fd_out is -1 on
- * failure.
+ * Client: connect, ask for pool_id, receive exactly `want` fds (CLOEXEC, 1 to
+ * VMMT_BROKER_MAX_FDS) into fds_out in the server's order. Never waits beyond
+ * timeout_ms (0 means the default 2000). A reply with fewer or more fds than
+ * `want` is VMMT_EPROTO, naming both counts. On any failure every fd received
+ * is closed and fds_out[0..want) are -1 (at most VMMT_BROKER_MAX_FDS of them).
  */
+int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
+                           int timeout_ms, int *fds_out, int want);
+
+/* vmmt__broker_fetch_fds for a broker that serves one fd. *fd_out is -1 on failure. */
 int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
                        int timeout_ms, int *fd_out);
 

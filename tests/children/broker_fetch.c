@@ -4,6 +4,8 @@
  *
  *   broker_fetch ADDRESS POOL_HEX32 UID write
  *       fetch, then write "written by child" at offset 0 of the fd
+ *   broker_fetch ADDRESS POOL_HEX32 UID writen N
+ *       fetch N fds at once, then write "written by child I" at offset 0 of fd I
  *   broker_fetch ADDRESS POOL_HEX32 UID expect STATUS TEXT
  *       the fetch must fail with STATUS and a message containing TEXT
  *
@@ -58,6 +60,27 @@ static int do_write(const struct vmmt__broker_addr *addr, const uint8_t id[16])
     return 0;
 }
 
+static int do_writen(const struct vmmt__broker_addr *addr, const uint8_t id[16], int n)
+{
+    int fds[VMMT_BROKER_MAX_FDS];
+    char text[32];
+    int st = vmmt__broker_fetch_fds(addr, id, 3000, fds, n), rc = 0;
+
+    if (st != VMMT_OK) {
+        fprintf(stderr, "broker_fetch: %d: %s\n", st, vmmt_last_error());
+        return 1;
+    }
+    for (int i = 0; i < n; i++) {
+        int len = snprintf(text, sizeof text, "written by child %d", i) + 1;
+        if (pwrite(fds[i], text, (size_t)len, 0) != len) {
+            perror("broker_fetch: pwrite");
+            rc = 1;
+        }
+        close(fds[i]);
+    }
+    return rc;
+}
+
 static int do_expect(const struct vmmt__broker_addr *addr, const uint8_t id[16], int want,
                      const char *text)
 {
@@ -80,11 +103,20 @@ int main(int argc, char **argv)
 
     if (argc < 5 || vmmt__broker_addr_parse(argv[1], &addr) != VMMT_OK ||
         parse_pool(argv[2], id) != 0) {
-        fprintf(stderr, "usage: broker_fetch ADDRESS POOL_HEX32 UID write|expect STATUS TEXT\n");
+        fprintf(stderr,
+                "usage: broker_fetch ADDRESS POOL_HEX32 UID write|writen N|expect STATUS TEXT\n");
         return 2;
     }
     if (drop_to(strtol(argv[3], NULL, 10)) != 0) return 3;
     if (strcmp(argv[4], "write") == 0) return do_write(&addr, id);
+    if (strcmp(argv[4], "writen") == 0 && argc == 6) {
+        int n = atoi(argv[5]);
+        if (n < 1 || n > VMMT_BROKER_MAX_FDS) {
+            fprintf(stderr, "broker_fetch: writen takes 1 to %d\n", VMMT_BROKER_MAX_FDS);
+            return 2;
+        }
+        return do_writen(&addr, id, n);
+    }
     if (strcmp(argv[4], "expect") == 0 && argc == 7)
         return do_expect(&addr, id, atoi(argv[5]), argv[6]);
     fprintf(stderr, "broker_fetch: unknown mode %s\n", argv[4]);

@@ -1,6 +1,7 @@
 /*
- * The fd broker: serving in-process and to other processes, path sockets,
- * refusals, hostile and stalled clients, fake servers, and no leaks.
+ * The fd broker: serving one or several fds in-process and to other
+ * processes, path sockets, refusals, hostile and stalled clients, fake
+ * servers, clients and servers of protocol version 1, and no leaks.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -532,11 +533,16 @@ static void test_other_user_refused(void **state)
     check_resources(&before);
 }
 
-/* A server that answers one request with a chosen status and number of fds. */
+/*
+ * A server that answers one request with a chosen version, status, number of
+ * fds attached and number announced in the header.
+ */
 struct fake {
     int lfd;
+    uint16_t version;
     int32_t status;
     int nfds;
+    int announce;
     int fd; /* what it attaches */
 };
 
@@ -544,7 +550,7 @@ static void *fake_server(void *arg)
 {
     struct fake *f = arg;
     struct pollfd p = {.fd = f->lfd, .events = POLLIN};
-    uint8_t buf[64 + 14] = "VMBR\1\0\0\0";
+    uint8_t buf[64 + 14] = "VMBR";
     int fds[4];
     union {
         struct cmsghdr h;
@@ -558,6 +564,11 @@ static void *fake_server(void *arg)
     if (c < 0) return NULL;
     p.fd = c;
     if (poll(&p, 1, 3000) == 1 && recv(c, buf + 14, 64, 0) == 24) {
+        buf[4] = (uint8_t)f->version;
+        buf[5] = (uint8_t)(f->version >> 8);
+        /* Version 1 had a 2-byte reserved field here, always 0. */
+        buf[6] = f->version == 1 ? 0 : (uint8_t)f->announce;
+        buf[7] = 0;
         memcpy(buf + 8, &f->status, 4);
         buf[12] = 4;
         buf[13] = 0;
@@ -581,25 +592,38 @@ static void *fake_server(void *arg)
     return NULL;
 }
 
-static int fetch_from_fake(int32_t status, int nfds, int *fd)
+/* Fetch `want` fds from a fake server set up like f (lfd and fd are filled in here). */
+static int fetch_fake(struct fake f, int *fds, int want)
 {
     struct vmmt__broker_addr a;
-    struct fake f = {.status = status, .nfds = nfds, .fd = make_memfd()};
     pthread_t t;
 
+    f.fd = make_memfd();
     test_addr(&a, "fake");
     f.lfd = fake_listen(&a);
     assert_int_equal(pthread_create(&t, NULL, fake_server, &f), 0);
-    int st = vmmt__broker_fetch(&a, POOL, 2000, fd);
+    int st = vmmt__broker_fetch_fds(&a, POOL, 2000, fds, want);
     /* The message is thread-local: keep it safe from close() and friends below. */
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", vmmt_last_error());
-    if (st == VMMT_OK) close(*fd);
+    for (int i = 0; i < want; i++) {
+        if (st == VMMT_OK)
+            close(fds[i]);
+        else
+            assert_int_equal(fds[i], -1);
+    }
     pthread_join(t, NULL);
     close(f.lfd);
     close(f.fd);
     if (st != VMMT_OK) vmmt__fail(st, "%s", msg);
     return st;
+}
+
+/* A current server that attaches and announces nfds, through the one-fd wrapper's count. */
+static int fetch_from_fake(int32_t status, int nfds, int *fd)
+{
+    struct fake f = {.version = 2, .status = status, .nfds = nfds, .announce = nfds};
+    return fetch_fake(f, fd, 1);
 }
 
 static void test_fake_server_replies(void **state)
@@ -614,8 +638,10 @@ static void test_fake_server_replies(void **state)
     assert_error_contains("CUDA VMM POSIX FD broker failed: broker returned no file descriptor");
     assert_error_contains("carried no SCM_RIGHTS");
 
-    /* Extra fds are closed; the resource check below proves it. */
-    assert_vmmt_ok(fetch_from_fake(VMMT_OK, 3, &fd));
+    /* Extra fds are refused and closed; the resource check below proves it. */
+    assert_int_equal(fetch_from_fake(VMMT_OK, 3, &fd), VMMT_EPROTO);
+    assert_error_contains("broker returned 3 file descriptor(s), expected 1");
+    assert_vmmt_ok(fetch_from_fake(VMMT_OK, 1, &fd));
     /* A refusal that carries an fd anyway: the fd is closed, the refusal passed on. */
     assert_int_equal(fetch_from_fake(VMMT_EPERM, 2, &fd), VMMT_EPERM);
     assert_int_equal(fd, -1);
@@ -623,6 +649,88 @@ static void test_fake_server_replies(void **state)
     /* Statuses we do not know are a protocol error. */
     assert_int_equal(fetch_from_fake(-99, 0, &fd), VMMT_EPROTO);
     assert_error_contains("unknown status -99");
+
+    /* The header and the control data disagree: a broken or hostile server. */
+    int fds[2] = {5, 5};
+    struct fake f = {.version = 2, .status = VMMT_OK, .nfds = 1, .announce = 2};
+    assert_int_equal(fetch_fake(f, fds, 2), VMMT_EPROTO);
+    assert_error_contains("announced 2 file descriptor(s) but 1 arrived");
+    f = (struct fake){.version = 2, .status = VMMT_OK, .nfds = 2, .announce = 5};
+    assert_int_equal(fetch_fake(f, fds, 2), VMMT_EPROTO);
+    assert_error_contains("it announces 5 file descriptors; a broker sends 1 to 4");
+    /* More than asked for: refused, and every one that arrived is closed. */
+    f = (struct fake){.version = 2, .status = VMMT_OK, .nfds = 4, .announce = 4};
+    assert_int_equal(fetch_fake(f, fds, 2), VMMT_EPROTO);
+    assert_error_contains("broker returned 4 file descriptor(s), expected 2");
+    check_resources(&before);
+}
+
+/* A producer built before version 2: its success reply and its refusal of our request. */
+static void test_v1_server(void **state)
+{
+    tu_resources before;
+    int fd = 5;
+    (void)state;
+    take_resources(&before);
+
+    struct fake f = {.version = 1, .status = VMMT_OK, .nfds = 1};
+    assert_int_equal(fetch_fake(f, &fd, 1), VMMT_EPROTO);
+    assert_error_contains("CUDA VMM POSIX FD broker failed: @vmmt-test-");
+    assert_error_contains("speaks broker protocol version 1, this build speaks 2: use the same "
+                          "vmmt version on producer and consumers (it said: \"fake\")");
+    assert_int_equal(fd, -1);
+    f.status = VMMT_EPROTO;
+    f.nfds = 0;
+    assert_int_equal(fetch_fake(f, &fd, 1), VMMT_EPROTO);
+    assert_error_contains("speaks broker protocol version 1, this build speaks 2");
+    check_resources(&before);
+}
+
+/* A consumer built before version 2: it must get a refusal it can read, at once. */
+static void test_v1_client(void **state)
+{
+    tu_resources before;
+    uint8_t req[24], buf[256];
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker *b = start_ok(pool_fd, NULL);
+    int c = raw_connect(vmmt__broker_address(b));
+    memcpy(req, "VMBQ\1\0\0\0", 8);
+    memcpy(req + 8, POOL, 16);
+    assert_int_equal(send(c, req, sizeof req, 0), (ssize_t)sizeof req);
+    struct pollfd p = {.fd = c, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 2000), 1);
+    /* A version-1 client reads with a control buffer; any fd here would be a leak in it. */
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * 8)];
+    } ctl;
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = ctl.space,
+                        .msg_controllen = sizeof ctl.space};
+    ssize_t n = recvmsg(c, &mh, MSG_CMSG_CLOEXEC);
+    assert_int_equal(mh.msg_controllen, 0);
+    /* What a version-1 client checks, in its order: size, magic, then the version it reports. */
+    assert_true(n >= 14 && n <= 214);
+    assert_memory_equal(buf, "VMBR", 4);
+    assert_int_equal(buf[4] | buf[5] << 8, 2);
+    assert_int_equal(buf[6], 0); /* no fds announced */
+    int32_t st;
+    memcpy(&st, buf + 8, 4);
+    assert_int_equal(st, VMMT_EPROTO);
+    int mlen = buf[12] | buf[13] << 8;
+    assert_int_equal(n, 14 + mlen);
+    const char want[] = "request version 1 is not supported; this broker speaks version 2";
+    assert_true((size_t)mlen >= sizeof want - 1);
+    assert_memory_equal(buf + 14, want, sizeof want - 1);
+    close(c);
+    wait_stat(b, pick_malformed, 1, 2000);
+    vmmt__broker_stop(b);
+    close(pool_fd);
     check_resources(&before);
 }
 
@@ -685,13 +793,13 @@ static void test_malformed_requests(void **state)
     int pool_fd = make_memfd();
     struct vmmt__broker *b = start_ok(pool_fd, NULL);
     const struct vmmt__broker_addr *a = vmmt__broker_address(b);
-    /* short, wrong magic, too long, unknown version */
+    /* short, wrong magic, too long, a version from the future */
     memset(req, 0x5a, sizeof req);
     size_t lens[] = {5, 24, 100, 24};
     for (int i = 0; i < 4; i++) {
         int c = raw_connect(a);
         if (i == 3) {
-            memcpy(req, "VMBQ\2\0\0\0", 8);
+            memcpy(req, "VMBQ\3\0\0\0", 8);
             memcpy(req + 8, POOL, 16);
         }
         assert_int_equal(send(c, req, lens[i], 0), (ssize_t)lens[i]);
@@ -755,6 +863,172 @@ static void test_many_sequential(void **state)
     check_resources(&before);
 }
 
+/* A memfd holding text, so that each of several fds can be told apart by content too. */
+static int make_memfd_with(const char *text)
+{
+    int fd = make_memfd();
+    assert_int_equal(pwrite(fd, text, strlen(text) + 1, 0), (ssize_t)strlen(text) + 1);
+    return fd;
+}
+
+static void test_two_fds(void **state)
+{
+    tu_resources before;
+    struct stat st[VMMT_BROKER_MAX_FDS];
+    int got[VMMT_BROKER_MAX_FDS];
+    char where[300], buf[32];
+    (void)state;
+    take_resources(&before);
+
+    /* The device allocation's fd and the control table's memfd: two different files. */
+    int mine[VMMT_BROKER_MAX_FDS] = {make_memfd_with("device"), make_memfd_with("control"),
+                                     make_memfd(), make_memfd()};
+    for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
+        assert_int_equal(fstat(mine[i], &st[i]), 0);
+    assert_true(st[0].st_ino != st[1].st_ino);
+    struct vmmt__broker *b = NULL;
+    assert_vmmt_ok(vmmt__broker_start_fds(mine, 2, POOL, NULL, &b));
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, got, 2));
+    for (int i = 0; i < 2; i++) {
+        struct stat g;
+        assert_int_equal(fstat(got[i], &g), 0);
+        assert_int_equal(g.st_ino, st[i].st_ino);
+        assert_int_equal(g.st_dev, st[i].st_dev);
+        assert_true(fcntl(got[i], F_GETFD) & FD_CLOEXEC);
+    }
+    assert_int_equal(pread(got[1], buf, 8, 0), 8);
+    assert_string_equal(buf, "control");
+    close(got[0]);
+    close(got[1]);
+
+    /* In another process, and in the order given. */
+    vmmt__broker_addr_format(vmmt__broker_address(b), where, sizeof where);
+    char *argv[] = {where, (char *)POOL_HEX, "-1", "writen", "2", NULL};
+    pid_t pid = tu_spawn("broker_fetch", argv, -1);
+    assert_true(pid > 0);
+    assert_int_equal(tu_wait(pid, 10000), 0);
+    for (int i = 0; i < 2; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "written by child %d", i);
+        assert_int_equal(pread(mine[i], buf, sizeof buf, 0), sizeof buf);
+        assert_string_equal(buf, want);
+    }
+    wait_stat(b, pick_served, 2, 2000);
+    vmmt__broker_stop(b);
+
+    /* The most a broker serves; the caller's fds may close once start returns. */
+    int dups[VMMT_BROKER_MAX_FDS];
+    for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
+        dups[i] = dup(mine[i]);
+    assert_vmmt_ok(vmmt__broker_start_fds(dups, VMMT_BROKER_MAX_FDS, POOL, NULL, &b));
+    for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
+        close(dups[i]);
+    assert_vmmt_ok(
+        vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, got, VMMT_BROKER_MAX_FDS));
+    for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++) {
+        assert_same_file(got[i], mine[i]);
+        close(got[i]);
+    }
+    vmmt__broker_stop(b);
+    for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
+        close(mine[i]);
+    check_resources(&before);
+}
+
+/* The single-fd functions are wrappers: each side may be the old or the new call. */
+static void test_one_fd_wrappers(void **state)
+{
+    tu_resources before;
+    int got = -1;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker *b = NULL;
+    assert_vmmt_ok(vmmt__broker_start_fds(&pool_fd, 1, POOL, NULL, &b));
+    fetch_same(b, pool_fd);
+    vmmt__broker_stop(b);
+    b = start_ok(pool_fd, NULL);
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, &got, 1));
+    assert_same_file(got, pool_fd);
+    close(got);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+static void test_want_mismatch(void **state)
+{
+    tu_resources before;
+    int got[VMMT_BROKER_MAX_FDS] = {7, 7, 7, 7};
+    (void)state;
+    take_resources(&before);
+
+    int two[2] = {make_memfd(), make_memfd()};
+    struct vmmt__broker *b = NULL;
+    assert_vmmt_ok(vmmt__broker_start_fds(two, 2, POOL, NULL, &b));
+    const struct vmmt__broker_addr *a = vmmt__broker_address(b);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, got, 1), VMMT_EPROTO);
+    assert_error_contains("CUDA VMM POSIX FD broker failed: broker returned 2 file descriptor(s), "
+                          "expected 1");
+    assert_int_equal(got[0], -1);
+    got[0] = 7;
+    assert_int_equal(vmmt__broker_fetch(a, POOL, 2000, got), VMMT_EPROTO);
+    assert_error_contains("broker returned 2 file descriptor(s), expected 1");
+    assert_int_equal(got[0], -1);
+    /* Bad counts are the caller's mistake, refused before any connection. */
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, got, 0), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, got, 5), VMMT_EINVAL);
+    assert_error_contains("want is 5; a broker serves 1 to 4 fds");
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, NULL, 1), VMMT_EINVAL);
+    vmmt__broker_stop(b);
+
+    b = start_ok(two[0], NULL);
+    got[0] = got[1] = 7;
+    assert_int_equal(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, got, 2),
+                     VMMT_EPROTO);
+    assert_error_contains("CUDA VMM POSIX FD broker failed: broker returned 1 file descriptor(s), "
+                          "expected 2");
+    assert_int_equal(got[0], -1);
+    assert_int_equal(got[1], -1);
+    vmmt__broker_stop(b);
+    close(two[0]);
+    close(two[1]);
+    check_resources(&before);
+}
+
+static void test_start_fds_errors(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker *b = (void *)1;
+    (void)state;
+    take_resources(&before);
+
+    int fds[VMMT_BROKER_MAX_FDS + 1];
+    for (int i = 0; i < VMMT_BROKER_MAX_FDS + 1; i++)
+        fds[i] = make_memfd();
+    assert_int_equal(vmmt__broker_start_fds(fds, 0, POOL, NULL, &b), VMMT_EINVAL);
+    assert_null(b);
+    assert_error_contains("nfds is 0; a broker serves 1 to 4 fds");
+    b = (void *)1;
+    assert_int_equal(vmmt__broker_start_fds(fds, 5, POOL, NULL, &b), VMMT_EINVAL);
+    assert_null(b);
+    assert_error_contains("nfds is 5; a broker serves 1 to 4 fds");
+    assert_int_equal(vmmt__broker_start_fds(NULL, 1, POOL, NULL, &b), VMMT_EINVAL);
+    int bad[2] = {fds[0], -1};
+    assert_int_equal(vmmt__broker_start_fds(bad, 2, POOL, NULL, &b), VMMT_EINVAL);
+    assert_error_contains("fds[1] is -1, not a file descriptor");
+    /* The second dup fails after the first succeeded: the first must not leak. */
+    bad[1] = 999;
+    assert_int_equal(vmmt__broker_start_fds(bad, 2, POOL, NULL, &b), VMMT_ESYS);
+    assert_error_contains("cannot start the CUDA VMM POSIX FD broker of pool a1b2c3d4");
+    assert_error_contains("fds[1] 999");
+    assert_null(b);
+    for (int i = 0; i < VMMT_BROKER_MAX_FDS + 1; i++)
+        close(fds[i]);
+    check_resources(&before);
+}
+
 static void test_addr_format_parse(void **state)
 {
     struct vmmt__broker_addr a = {.kind = VMMT_BROKER_ADDR_ABSTRACT, .len = 3};
@@ -809,6 +1083,12 @@ int main(void)
         cmocka_unit_test(test_stop_with_pending_clients),
         cmocka_unit_test(test_many_sequential),
         cmocka_unit_test(test_addr_format_parse),
+        cmocka_unit_test(test_two_fds),
+        cmocka_unit_test(test_one_fd_wrappers),
+        cmocka_unit_test(test_want_mismatch),
+        cmocka_unit_test(test_start_fds_errors),
+        cmocka_unit_test(test_v1_server),
+        cmocka_unit_test(test_v1_client),
     };
     return cmocka_run_group_tests(tests, warm_up, NULL);
 }
