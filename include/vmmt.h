@@ -244,6 +244,13 @@ typedef struct vmmt_pool_config {
     const uint32_t *allowed_uids; /* broker peers allowed besides the producer's user */
     size_t allowed_uid_count;
     int timeout_ms; /* bound of shutdown and broker waits; default 5000 */
+    /*
+     * POSIX_FD pools keep their control table in host memory shared with the
+     * consumers (plain loads to check ready flags and acknowledgements, no
+     * driver call). Set this to keep it in device memory instead, as FABRIC
+     * pools always do. Default 0.
+     */
+    int device_control_table;
 } vmmt_pool_config;
 
 /* Defaults as documented above; memory_size and consumer_count are left 0 and must be set. */

@@ -119,8 +119,7 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
     if (st == VMMT_OK)
         st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
     if (st == VMMT_OK && ip->host_table) {
-        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride,
-                                      &ip->ctrl);
+        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, &ip->ctrl);
         if (st != VMMT_OK) {
             struct vmmt__saved_error e;
             vmmt__error_save(&e);
@@ -378,7 +377,8 @@ static int read_ready(struct imported *ip, const struct request *rq, CUdeviceptr
     int st;
 
     if (ip->host_table) {
-        *v = vmmt__ctrl_load(ip->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4);
+        *v =
+            vmmt__ctrl_load(ip->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4);
         return VMMT_OK;
     }
     st = poll_once(ip, word, until, timeout_ms);

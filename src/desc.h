@@ -19,8 +19,10 @@
 /* flags */
 #define VMMT__DESC_STREAM_ORDERED 1u /* the consumer waits for the ready word on its stream */
 #define VMMT__DESC_PACKED         2u /* one buffer of a packed group sharing a slice */
-#define VMMT__DESC_HOST_TABLE     4u /* the control table is a shared host memfd, not in the allocation */
-#define VMMT__DESC_KNOWN_FLAGS    (VMMT__DESC_STREAM_ORDERED | VMMT__DESC_PACKED | VMMT__DESC_HOST_TABLE)
+#define VMMT__DESC_HOST_TABLE                                                                      \
+    4u /* the control table is a shared host memfd, not in the allocation */
+#define VMMT__DESC_KNOWN_FLAGS                                                                     \
+    (VMMT__DESC_STREAM_ORDERED | VMMT__DESC_PACKED | VMMT__DESC_HOST_TABLE)
 
 /* broker.kind */
 #define VMMT__BROKER_ABSTRACT 0 /* Linux abstract socket name, without the leading NUL */

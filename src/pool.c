@@ -141,7 +141,8 @@ static int alloc_host_state(struct vmmt_pool *p)
     return VMMT_OK;
 }
 
-/* The pool's stream, and its zeroed control table: shared host memory, or device memory and a pinned copy. */
+/* The pool's stream, and its zeroed control table: shared host memory, or device memory and a
+ * pinned copy. */
 static int setup_stream(struct vmmt_pool *p)
 {
     const struct vmmt_drv *d = vmmt__drv();

@@ -41,7 +41,7 @@ struct vmmt_pool {
 
     uint32_t slots, stride;
     uint64_t table_bytes, data_offset;
-    int host_table;       /* control table in shared host memory (ctrl) */
+    int host_table; /* control table in shared host memory (ctrl) */
     struct vmmt__ctrl ctrl;
     CUdeviceptr ctrl_dev; /* the table as streams address it */
     struct vmmt__slab *slab;

@@ -138,7 +138,6 @@ void sleep_ms(long ms)
     nanosleep(&t, NULL);
 }
 
-
 static void *open_gate(void *arg)
 {
     struct gate *g = arg;
@@ -177,4 +176,3 @@ void gate_free(struct gate *g)
     vmmt__drv()->cuStreamDestroy(g->stream);
     vmmt__drv()->cuMemFree(g->word);
 }
-

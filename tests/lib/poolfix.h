@@ -38,7 +38,6 @@ vmmt_pool_stats stats(vmmt_pool *p);
 /* Publish n bytes of pattern i, consume them for all ranks, check them. */
 void tu_roundtrip(struct fixture *f, size_t n, uint32_t i);
 
-
 void sleep_ms(long ms);
 
 /*

@@ -358,8 +358,17 @@ static void test_reject_handle(void **state)
     expect_reject(&d, "handle_type=0");
 
     d = valid_fd();
-    d.flags |= 0x80000004u;
-    expect_reject(&d, "flags=0x80000005 has unknown bits 0x80000004");
+    d.flags |= 0x80000008u;
+    expect_reject(&d, "flags=0x80000009 has unknown bits 0x80000008");
+
+    d = valid_fd();
+    d.flags |= VMMT__DESC_HOST_TABLE;
+    d.table_offset = 64;
+    expect_reject(&d, "shared host control table");
+
+    d = valid_fabric();
+    d.flags |= VMMT__DESC_HOST_TABLE;
+    expect_reject(&d, "shared host control table");
 
     d = valid_fd();
     d.fabric[63] = 1;

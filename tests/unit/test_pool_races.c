@@ -247,6 +247,7 @@ static void test_evict_while_consuming(void **state)
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     tu_roundtrip(f, 4096, 1); /* imported */
     setenv("VMMT_EMU_WAIT_IMPORTED", "0", 1);
+    setenv("VMMT_EMU_WAIT_HOST", "0", 1);
     vmmt__emu_configure();
     {
         struct gate g;
