@@ -455,6 +455,12 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
     return host_wait(c, rq, word);
 }
 
+/*
+ * The acknowledgements, after the copy on the same stream. They need no
+ * memory barrier: what the producer must know is that this copy has read the
+ * slice, and stream order alone guarantees that; the barrier would only make
+ * the copy's own writes visible first, which concerns nobody but us.
+ */
 static int write_acks(const struct request *rq, CUstream s)
 {
     const struct vmmt_drv *d = vmmt__drv();
@@ -463,7 +469,7 @@ static int write_acks(const struct request *rq, CUstream s)
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
         CUresult res =
             d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
-                                    rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
+                                    rq->d.generation, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
         if (res != CUDA_SUCCESS)
             return vmmt__cu_fail(res, "cuStreamWriteValue32(acknowledgement of rank %u)", r);
     }
