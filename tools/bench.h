@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "driver.h"
+#include "vmm.h"
 #include "vmmt.h"
 
 #define BENCH_KIB (1024ull)
@@ -30,6 +31,7 @@ struct bench_opts {
     int reps;      /* 0: the defaults of the mode */
     unsigned only; /* bit i: run S(i+1); 0: every scenario */
     int device;
+    int peer_device; /* -1: each peer on another device than the producer's, where there is one */
 };
 
 /* Samples of one quantity from one timer, kept whole for the JSON file. */
@@ -64,7 +66,7 @@ struct bench_row {
     char target[40];
     int met; /* 1 met, 0 missed, -1 no target */
     int skipped, failed;
-    char note[240];
+    char note[320];
 };
 
 struct bench_info {
@@ -83,6 +85,7 @@ struct bench_report {
     char driver[8];
     int driver_version;
     char device_name[128];
+    int device_count;
     char handle_type[16];
     char handoff[24];
     char date[32];
@@ -95,6 +98,7 @@ struct bench_env {
     const struct vmmt_drv *d;
     const char *driver;
     int device;
+    int ndevices;
     CUstream ps, cs;           /* producer's and in-process consumer's streams */
     CUdeviceptr src, dst, tmp; /* cap bytes each; src holds bench_byte() */
     uint64_t cap;
@@ -145,6 +149,30 @@ int bench_copy_floor(struct bench_env *e, CUstream s, uint64_t nbytes, int reps,
 int bench_clear(struct bench_env *e, CUdeviceptr dst, uint64_t nbytes);
 int bench_verify(struct bench_env *e, CUdeviceptr dst, uint64_t nbytes);
 int bench_fail(struct bench_env *e, const char *id, const char *label, const char *what);
+int bench_peer_device(const struct bench_env *e, int k);
+
+/*
+ * ---- bench_xdev.c: the copy a consumer on `device` makes out of the pool,
+ * done directly in this process: the source is a VMM allocation on the
+ * producer's device that `device` may read and write, the destination a
+ * cuMemAlloc buffer on `device`, the stream one of its primary context. With
+ * device the producer's own, it is the same copy without the peer hop.
+ */
+struct bench_xpath {
+    int device;
+    struct vmmt__mapping src;
+    CUdeviceptr dst;
+    CUstream s;
+    uint64_t bytes; /* the largest copy */
+};
+
+int bench_xpath_open(struct bench_env *e, int device, uint64_t bytes, struct bench_xpath *x);
+void bench_xpath_close(struct bench_xpath *x);
+int bench_xpath_enqueue(struct bench_xpath *x, uint64_t nbytes, uint64_t copies);
+int bench_xpath_sync(struct bench_xpath *x);
+int bench_xpath_sample(struct bench_xpath *x, uint64_t nbytes, double *us);
+/* "GPU 0->1" for a copy between devices, "GPU 0" within one. */
+const char *bench_path_name(const struct bench_env *e, int device, char *buf, size_t cap);
 
 /* ---- scenario groups; each returns CLI_OK, or CLI_FAIL after recording a failed row */
 int bench_s1(struct bench_env *e);
@@ -201,12 +229,19 @@ struct bench_peer {
     int pid;
 };
 
-int bench_peer_spawn(struct bench_env *e, struct bench_peer *p);
+int bench_peer_spawn(struct bench_env *e, int device, struct bench_peer *p);
 int bench_peer_send(struct bench_peer *p, const struct bench_msg *m, size_t payload);
 int bench_peer_recv(struct bench_peer *p, struct bench_reply *r, int timeout_ms);
 int bench_peer_call(struct bench_peer *p, const struct bench_msg *m, size_t payload,
                     struct bench_reply *r);
 void bench_peer_stop(struct bench_peer *p);
+int bench_peer_verify(struct bench_peer *p, uint64_t n);
+int bench_peer_reset(struct bench_peer *p);
 int bench_peer_main(int argc, char **argv);
+
+/* ---- bench_proc.c: what S3, S5 and S8 share */
+void bench_consume_msg(struct bench_msg *m, const vmmt_desc *desc, uint32_t rank, uint64_t n);
+int bench_rt_vmmt(struct bench_env *e, vmmt_pool *pool, struct bench_peer *peer, uint64_t n,
+                  double *us);
 
 #endif

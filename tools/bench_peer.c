@@ -67,7 +67,7 @@ void bench_ipc_unload(struct bench_ipc *ipc)
 
 /* ---------------------------------------------------- producer's side */
 
-int bench_peer_spawn(struct bench_env *e, struct bench_peer *p)
+int bench_peer_spawn(struct bench_env *e, int device, struct bench_peer *p)
 {
     char dev[16], cap[32];
     char *args[] = {"vmmt",  "bench-peer", "--driver", (char *)e->driver, "--device", dev,
@@ -76,7 +76,7 @@ int bench_peer_spawn(struct bench_env *e, struct bench_peer *p)
 
     p->sock = -1;
     p->pid = -1;
-    snprintf(dev, sizeof dev, "%d", e->device);
+    snprintf(dev, sizeof dev, "%d", device);
     snprintf(cap, sizeof cap, "%llu", (unsigned long long)e->cap);
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return vmmt__sys_fail("socketpair for a peer process");
@@ -128,6 +128,29 @@ int bench_peer_call(struct bench_peer *p, const struct bench_msg *m, size_t payl
 {
     int st = bench_peer_send(p, m, payload);
     return st == VMMT_OK ? bench_peer_recv(p, r, BENCH_TIMEOUT_MS) : st;
+}
+
+/* Check, outside the timing, that the peer's destination holds the source's first bytes. */
+int bench_peer_verify(struct bench_peer *p, uint64_t n)
+{
+    struct bench_reply r;
+    struct bench_msg m;
+
+    memset(&m, 0, sizeof m);
+    m.h.op = BOP_VERIFY;
+    m.h.nbytes = n;
+    return bench_peer_call(p, &m, 0, &r);
+}
+
+/* The peer unmaps every pool it imported: needed before its producer destroys one. */
+int bench_peer_reset(struct bench_peer *p)
+{
+    struct bench_reply r;
+    struct bench_msg m;
+
+    memset(&m, 0, sizeof m);
+    m.h.op = BOP_RESET;
+    return bench_peer_call(p, &m, 0, &r);
 }
 
 void bench_peer_stop(struct bench_peer *p)

@@ -278,6 +278,8 @@ static void json_head(FILE *f, const struct bench_report *r, const struct bench_
     cli_json_string(f, r->device_name);
     fprintf(f, ",\n  \"device_index\": %d,\n  \"handle_type\": \"%s\",\n  \"handoff\": \"%s\",\n",
             o->device, r->handle_type, r->handoff);
+    fprintf(f, "  \"device_count\": %d,\n  \"peer_device\": %d,\n", r->device_count,
+            o->peer_device);
     fprintf(f, "  \"quick\": %s,\n  \"reps\": %d,\n  \"timer\": \"CLOCK_MONOTONIC, us\",\n",
             o->quick ? "true" : "false", o->reps);
 }

@@ -14,7 +14,7 @@
 
 #define USAGE                                                                                      \
     "usage: vmmt bench [--driver cuda|emu] [--quick] [--json PATH] [--only S1,S3,...] "            \
-    "[--reps N] [--device N]\n"
+    "[--reps N] [--device N] [--peer-device N]\n"
 
 typedef int (*bench_fn)(struct bench_env *e);
 
@@ -70,6 +70,8 @@ static int parse(int argc, char **argv, struct bench_opts *o)
             ok = parse_int(v, 1, &o->reps) == 0;
         } else if (strcmp(a, "--device") == 0 && v) {
             ok = parse_int(v, 0, &o->device) == 0;
+        } else if (strcmp(a, "--peer-device") == 0 && v) {
+            ok = parse_int(v, 0, &o->peer_device) == 0;
         } else {
             ok = 0;
         }
@@ -190,6 +192,19 @@ int bench_verify(struct bench_env *e, CUdeviceptr dst, uint64_t nbytes)
     return st;
 }
 
+/*
+ * Peer k's device. A serving engine's tensor-parallel workers each own a GPU,
+ * and two processes with work on one GPU time-slice it (no MPS), so peers go
+ * to the other devices in turn; they share the producer's only when it is
+ * alone, or when --peer-device says so.
+ */
+int bench_peer_device(const struct bench_env *e, int k)
+{
+    if (e->opt.peer_device >= 0) return e->opt.peer_device;
+    if (e->ndevices < 2) return e->device;
+    return (e->device + 1 + k % (e->ndevices - 1)) % e->ndevices;
+}
+
 int bench_fail(struct bench_env *e, const char *id, const char *label, const char *what)
 {
     struct bench_row *row = bench_row_add(e->rep, id, "", "%s", label);
@@ -253,6 +268,12 @@ static int setup(struct bench_env *e)
     if (d == NULL) return vmmt_last_status();
     e->driver = d->name;
     e->device = e->opt.device;
+    st = vmmt_device_count(&e->ndevices);
+    if (st != VMMT_OK) return st;
+    e->rep->device_count = e->ndevices;
+    if (e->opt.peer_device >= e->ndevices)
+        return vmmt__fail(VMMT_ENODEV, "--peer-device %d: the %s driver reports %d device(s)",
+                          e->opt.peer_device, d->name, e->ndevices);
     /* The bench waits for room itself when a pool is full: no warning for that. */
     vmmt_set_log_level(VMMT_LOG_ERROR);
     st = vmmt__ctx_enter(e->device);
@@ -292,6 +313,11 @@ static void banner(const struct bench_env *e)
     printf("vmmt bench: driver %s (CUDA %d.%d), device %d: %s, %s run\n", r->driver,
            r->driver_version / 1000, r->driver_version % 1000 / 10, e->device, r->device_name,
            e->opt.quick ? "quick" : "full");
+    printf("vmmt bench: %d device(s); peer processes on GPU %d", r->device_count,
+           bench_peer_device(e, 0));
+    for (int k = 1; k < 4; k++) /* S5 runs the most peers: four */
+        printf(",%d", bench_peer_device(e, k));
+    printf(" (peers 0-3)%s\n", e->opt.peer_device >= 0 ? ", as --peer-device says" : "");
     if (strcmp(r->driver, "emu") == 0)
         printf("vmmt bench: emulated driver (host memory): the code paths are the real ones, "
                "the timings say nothing about a GPU\n");
@@ -330,6 +356,7 @@ int cmd_bench(int argc, char **argv)
 
     if (argc >= 1 && strcmp(argv[0], "bench-peer") == 0) return bench_peer_main(argc, argv);
     memset(&e, 0, sizeof e);
+    e.opt.peer_device = -1;
     if (parse(argc, argv, &e.opt) != CLI_OK) return CLI_ERROR;
     e.rep = calloc(1, sizeof *e.rep);
     if (e.rep == NULL) return CLI_ERROR;

@@ -15,6 +15,7 @@ static void usage(FILE *f)
                "  demo [--consumers N] [--size BYTES] [--count N] [--driver cuda|emu]\n"
                "      a producer and consumer processes moving buffers, checked byte for byte\n"
                "  bench [--driver cuda|emu] [--quick] [--json PATH] [--only S1,S3] [--reps N]\n"
+               "        [--device N] [--peer-device N]\n"
                "      benchmark scenarios S1-S9, each against its floor measured in the same run\n"
                "  version\n"
                "\n"

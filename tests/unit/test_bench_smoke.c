@@ -40,6 +40,7 @@ static int run_tool(const char *const args[], char *out)
         unsetenv("VMMT_DRIVER");
         unsetenv("VMMT_EMU_HANDLES");
         unsetenv("VMMT_HANDLE_TYPE");
+        unsetenv("VMMT_EMU_DEVICES"); /* the checks expect the default two devices */
         execv(tool, argv);
         _exit(127);
     }
@@ -99,6 +100,13 @@ static void test_bench_quick_emu(void **state)
     if (run_tool(args, g_out) != 0) fail_msg("vmmt bench exited non-zero:\n%s", g_out);
     assert_contains(g_out, "floor p50");
     assert_contains(g_out, "skipped: needs the real driver");
+    /* Two emulated devices: every peer on the other one, and S3 once more on the producer's. */
+    assert_contains(g_out, "peer processes on GPU 1,1,1,1");
+    assert_contains(g_out, "peer on GPU 1; floor = socket ping-pong");
+    assert_contains(g_out, "consume copy GPU 0->1");
+    assert_contains(g_out, "S3  end to end, same GPU 4 KiB");
+    assert_contains(g_out, "consumers on GPU 1,1,1,1");
+    assert_contains(g_out, "broker fetch alone");
     json = read_file(path);
     unlink(path);
     assert_contains(json, "\"driver\": \"emu\"");
@@ -121,11 +129,20 @@ static void test_bench_bad_option(void **state)
     assert_contains(g_out, "bad option '--only S10'");
 }
 
+static void test_bench_peer_device_missing(void **state)
+{
+    const char *args[] = {"bench", "--driver", "emu", "--quick", "--peer-device", "2", NULL};
+    (void)state;
+    assert_int_equal(run_tool(args, g_out), 2);
+    assert_contains(g_out, "--peer-device 2: the emu driver reports 2 device(s)");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bench_quick_emu),
         cmocka_unit_test(test_bench_bad_option),
+        cmocka_unit_test(test_bench_peer_device_missing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
