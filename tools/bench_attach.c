@@ -33,20 +33,25 @@ struct s6_ctx {
     struct bench_series *broker; /* NULL: no broker (FABRIC handles travel in the descriptor) */
 };
 
-/* The broker's part of an attach, alone: connect, ask, receive the fd. */
+/*
+ * The broker's part of an attach, alone: connect, ask, receive the fds (the
+ * allocation, and the shared control table where the pool has one).
+ */
 static int s6_fetch(struct s6_ctx *x, const vmmt_desc *desc)
 {
     struct vmmt__desc d;
     double t0;
-    int st, fd = -1;
+    int st, fds[2] = {-1, -1};
 
     if (x->broker == NULL) return VMMT_OK;
     st = vmmt__desc_decode(desc->bytes, &d);
     if (st != VMMT_OK) return st;
     t0 = bench_now_us();
-    st = vmmt__broker_fetch(&d.broker, d.pool_id, 0, &fd);
+    st = vmmt__broker_fetch_fds(&d.broker, d.pool_id, 0, fds,
+                                (d.flags & VMMT__DESC_HOST_TABLE) ? 2 : 1);
     if (st == VMMT_OK && bench_series_add(x->broker, bench_now_us() - t0)) st = VMMT_ENOMEM;
-    if (fd >= 0) close(fd);
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0) close(fds[i]);
     return st;
 }
 
