@@ -456,10 +456,10 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
 }
 
 /*
- * The acknowledgements, after the copy on the same stream. They need no
- * memory barrier: what the producer must know is that this copy has read the
- * slice, and stream order alone guarantees that; the barrier would only make
- * the copy's own writes visible first, which concerns nobody but us.
+ * The acknowledgements, after the copy on the same stream. (They would need
+ * no memory barrier, but the H200's driver refuses
+ * CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER on registered host memory with
+ * CUDA_ERROR_INVALID_VALUE: tests/gpu/RESULTS.md, 2026-11-29.)
  */
 static int write_acks(const struct request *rq, CUstream s)
 {
@@ -469,7 +469,7 @@ static int write_acks(const struct request *rq, CUstream s)
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
         CUresult res =
             d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
-                                    rq->d.generation, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+                                    rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
         if (res != CUDA_SUCCESS)
             return vmmt__cu_fail(res, "cuStreamWriteValue32(acknowledgement of rank %u)", r);
     }
