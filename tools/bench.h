@@ -140,6 +140,8 @@ const char *bench_size_name(uint64_t bytes, char *buf, size_t cap);
 
 /* ---- cmd_bench.c: shared measurement helpers */
 int bench_reps(const struct bench_env *e, uint64_t bytes);
+/* The stream operations behind S1 and S2, each against the copy floor (bench_parts.c). */
+int bench_s1_parts(struct bench_env *e);
 int bench_warmup(int reps);
 int bench_pool_create(struct bench_env *e, uint64_t memory, int consumers, uint32_t max_slices,
                       vmmt_pool **out);

@@ -10,6 +10,7 @@
 
 #include "bench.h"
 #include "broker.h"
+#include "ctrl.h"
 #include "cli.h"
 #include "desc.h"
 #include "status.h"
@@ -31,6 +32,7 @@ struct s6_ctx {
     vmmt_consumer *c;
     vmmt_pool_stats stats;
     struct bench_series *broker; /* NULL: no broker (FABRIC handles travel in the descriptor) */
+    struct bench_series *table;  /* mapping and registering the shared control table alone */
 };
 
 /*
@@ -50,6 +52,13 @@ static int s6_fetch(struct s6_ctx *x, const vmmt_desc *desc)
     st = vmmt__broker_fetch_fds(&d.broker, d.pool_id, 0, fds,
                                 (d.flags & VMMT__DESC_HOST_TABLE) ? 2 : 1);
     if (st == VMMT_OK && bench_series_add(x->broker, bench_now_us() - t0)) st = VMMT_ENOMEM;
+    if (st == VMMT_OK && fds[1] >= 0 && x->table != NULL) {
+        struct vmmt__ctrl t;
+        t0 = bench_now_us();
+        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d.table_slots * d.slot_stride, &t);
+        if (st == VMMT_OK && bench_series_add(x->table, bench_now_us() - t0)) st = VMMT_ENOMEM;
+        if (st == VMMT_OK) vmmt__ctrl_release(&t);
+    }
     for (int i = 0; i < 2; i++)
         if (fds[i] >= 0) close(fds[i]);
     return st;
@@ -193,9 +202,9 @@ static int s6_measure(struct bench_env *e, struct s6_ctx *x, struct bench_series
 static void s6_row(struct bench_env *e, const struct s6_ctx *x, const struct bench_series *s,
                    const struct s6_floor *f)
 {
-    struct bench_summary m, fl, p[S6_PARTS], br = {0};
+    struct bench_summary m, fl, p[S6_PARTS], br = {0}, tb = {0};
     struct bench_row *row;
-    char sz[16], fetch[48] = "no broker (FABRIC)";
+    char sz[16], fetch[96] = "no broker (FABRIC)";
 
     bench_summarize(s, &m);
     bench_summarize(f->total, &fl);
@@ -204,6 +213,11 @@ static void s6_row(struct bench_env *e, const struct s6_ctx *x, const struct ben
     if (x->broker != NULL) {
         bench_summarize(x->broker, &br);
         snprintf(fetch, sizeof fetch, "broker fetch alone %.1f", br.p50);
+    }
+    if (x->table != NULL && x->stats.host_control_table) {
+        bench_summarize(x->table, &tb);
+        snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch),
+                 " + control table map+register alone %.1f", tb.p50);
     }
     row = bench_row_add(e->rep, "S6", "us", "attach (first consume), %s pool",
                         bench_size_name(x->stats.allocation_size, sz, sizeof sz));
@@ -240,7 +254,8 @@ int bench_s6(struct bench_env *e)
     }
     f.type = x.stats.handle_type;
     if (f.type == VMMT_HANDLE_POSIX_FD &&
-        (x.broker = bench_series_new(e->rep, "us", "S6 broker fetch alone")) == NULL) {
+        ((x.broker = bench_series_new(e->rep, "us", "S6 broker fetch alone")) == NULL ||
+         (x.table = bench_series_new(e->rep, "us", "S6 control table attach alone")) == NULL)) {
         rc = bench_fail(e, "S6", "attach", "too many series");
         goto out;
     }

@@ -105,6 +105,7 @@ int bench_s1(struct bench_env *e)
         latency_row(e, "S1", "publish call only", *n, s.call, NULL, 0);
     }
     vmmt_pool_destroy(pool);
+    if (rc == CLI_OK) rc = bench_s1_parts(e);
     return rc;
 }
 
