@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "acker.h"
 #include "broker.h"
 #include "ctrl.h"
 #include "desc.h"
@@ -40,14 +41,15 @@ struct slot_state {
 };
 
 struct imported {
+    struct vmmt_consumer *owner;
     struct vmmt__desc geometry; /* the pool-wide fields of the first descriptor */
     int device;
     struct vmmt__mapping map;
-    int host_table; /* the control table is the shared memfd in ctrl */
+    int host_table; /* the control table is the shared memfd in ctrl, read and written by CPU */
     struct vmmt__ctrl ctrl;
     CUdeviceptr table; /* the control table as streams address it */
     struct slot_state *slots;
-    int users; /* consume and ack calls using the mapping right now */
+    int users; /* consume and ack calls using the mapping, and acknowledgements not yet written */
     /* Host polling of ready words where a stream may not wait on them. */
     pthread_mutex_t poll_lock;
     CUstream poll_stream;
@@ -57,6 +59,7 @@ struct imported {
 
 struct vmmt_consumer {
     vmmt_consumer_config cfg;
+    struct vmmt__acker *acker; /* acknowledgements of shared-host-table pools */
     pthread_mutex_t lock;
     struct imported *pools;
     int count;
@@ -80,6 +83,10 @@ int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out
     else
         vmmt_consumer_config_init(&c->cfg);
     if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = 5000;
+    if (vmmt__acker_create(&c->acker) != VMMT_OK) {
+        free(c);
+        return vmmt_last_status();
+    }
     pthread_mutex_init(&c->lock, NULL);
     *out = c;
     return VMMT_OK;
@@ -119,7 +126,8 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
     if (st == VMMT_OK)
         st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
     if (st == VMMT_OK && ip->host_table) {
-        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, &ip->ctrl);
+        st =
+            vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, 0, &ip->ctrl);
         if (st != VMMT_OK) {
             struct vmmt__saved_error e;
             vmmt__error_save(&e);
@@ -145,6 +153,7 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
         free(ip);
         return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot states", d->table_slots);
     }
+    ip->owner = c;
     ip->geometry = *d;
     ip->device = device;
     ip->host_table = (d->flags & VMMT__DESC_HOST_TABLE) != 0;
@@ -157,7 +166,7 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
     } else {
         st = import_posix(c, d, ip);
     }
-    ip->table = ip->host_table ? ip->ctrl.dev : ip->map.base + d->table_offset;
+    ip->table = ip->host_table ? 0 : ip->map.base + d->table_offset;
     if (st != VMMT_OK) {
         pthread_mutex_destroy(&ip->poll_lock);
         free(ip->slots);
@@ -446,26 +455,57 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
     CUresult r;
 
     if (!(rq->d.flags & VMMT__DESC_STREAM_ORDERED)) return VMMT_OK;
-    if (rq->pool->host_table &&
-        vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4) ==
-            rq->d.generation)
-        return VMMT_OK;
+    /* A shared table is read by the CPU: the flag is usually set already (the
+     * descriptor travelled while the producer's copy ran); else watch it. */
+    if (rq->pool->host_table)
+        return vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4) ==
+                       rq->d.generation
+                   ? VMMT_OK
+                   : host_wait(c, rq, 0);
     r = d->cuStreamWaitValue32(s, word, rq->d.generation, CU_STREAM_WAIT_VALUE_GEQ);
     if (r == CUDA_SUCCESS) return VMMT_OK;
     return host_wait(c, rq, word);
 }
 
+static void deferred_ack_done(void *arg)
+{
+    struct imported *ip = arg;
+
+    pthread_mutex_lock(&ip->owner->lock);
+    ip->users--;
+    pthread_mutex_unlock(&ip->owner->lock);
+}
+
 /*
- * The acknowledgements, after the copy on the same stream. (They would need
- * no memory barrier, but the H200's driver refuses
- * CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER on registered host memory with
- * CUDA_ERROR_INVALID_VALUE: tests/gpu/RESULTS.md, 2026-11-29.)
+ * The acknowledgements, after the copy on the same stream. A shared host
+ * table gets them from the CPU once an event after the copy completes (the
+ * pool stays in use until then); a device table gets stream memory writes.
+ * (Those keep the memory barrier: the H200's driver refuses
+ * CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER with CUDA_ERROR_INVALID_VALUE,
+ * tests/gpu/RESULTS.md, 2026-11-29.)
  */
-static int write_acks(const struct request *rq, CUstream s)
+static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, int after_copy)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr table = rq->pool->table;
+    int st;
 
+    if (rq->pool->host_table) {
+        uint32_t *first =
+            rq->pool->ctrl.host + vmmt__ctrl_ack(0, rq->d.slot_stride, rq->d.slot, rq->first) / 4;
+        if (!after_copy) {
+            /* A dropped descriptor: no copy of ours to wait for. */
+            for (uint32_t r = 0; r < rq->count; r++)
+                __atomic_store_n(&first[r], rq->d.generation, __ATOMIC_RELEASE);
+            return VMMT_OK;
+        }
+        pthread_mutex_lock(&c->lock);
+        rq->pool->users++;
+        pthread_mutex_unlock(&c->lock);
+        st = vmmt__acker_defer(c->acker, rq->pool->device, s, first, rq->count, rq->d.generation,
+                               deferred_ack_done, rq->pool);
+        return st;
+    }
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
         CUresult res =
             d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
@@ -503,7 +543,7 @@ int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t d
     if (rq.ack_now) {
         struct vmmt__saved_error e;
         vmmt__error_save(&e);
-        ack_st = write_acks(&rq, (CUstream)stream);
+        ack_st = write_acks(c, &rq, (CUstream)stream, 1);
         if (st != VMMT_OK) vmmt__error_restore(&e);
         if (st == VMMT_OK) st = ack_st;
     }
@@ -522,7 +562,8 @@ int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void 
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_consumer_ack");
     st = prepare(c, desc, device, rank_first, rank_count, 0, UINT64_MAX, (CUstream)stream, &rq);
     if (st == VMMT_OK) {
-        if (rq.ack_now) st = write_acks(&rq, (CUstream)stream);
+        /* Completing a packed group may follow copies of other members on this stream. */
+        if (rq.ack_now) st = write_acks(c, &rq, (CUstream)stream, rq.d.pack_count > 1);
         done(c, &rq);
     }
     vmmt__ctx_leave();
@@ -536,6 +577,8 @@ int vmmt_consumer_evict(vmmt_consumer *c, const uint8_t pool_id[16], int device)
 
     if (c == NULL || pool_id == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_evict: consumer and pool_id are required");
+    /* Acknowledgements whose copies are done hold the pool only until written. */
+    vmmt__acker_flush(c->acker);
     pthread_mutex_lock(&c->lock);
     ip = find(c, pool_id, device, &link);
     if (ip != NULL && ip->users > 0) {
@@ -569,6 +612,8 @@ int vmmt_consumer_pool_count(vmmt_consumer *c)
 void vmmt_consumer_destroy(vmmt_consumer *c)
 {
     if (c == NULL) return;
+    /* First every pending acknowledgement: it still uses its pool's table. */
+    vmmt__acker_destroy(c->acker);
     pthread_mutex_lock(&c->lock);
     while (c->pools != NULL) {
         struct imported *ip = c->pools;

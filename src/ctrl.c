@@ -19,8 +19,8 @@ static size_t page_round(size_t n)
     return (n + page - 1) / page * page;
 }
 
-/* Map fd and register the mapping; fills c->host, c->dev, c->registered. */
-static int map_and_register(int fd, struct vmmt__ctrl *c)
+/* Map fd and (optionally) register the mapping; fills c->host, c->dev, c->registered. */
+static int map_and_register(int fd, int register_with_driver, struct vmmt__ctrl *c)
 {
     const struct vmmt_drv *d = vmmt__drv();
     void *p;
@@ -29,6 +29,7 @@ static int map_and_register(int fd, struct vmmt__ctrl *c)
     p = mmap(NULL, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return vmmt__sys_fail("mapping the control table (%zu bytes)", c->bytes);
     c->host = p;
+    if (!register_with_driver) return VMMT_OK;
     /* PORTABLE: a consumer may serve several devices from one mapping. */
     st = VMMT_CU(d, cuMemHostRegister(p, c->bytes,
                                       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
@@ -56,14 +57,14 @@ int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c)
         st = vmmt__sys_fail("sizing the control table to %zu bytes", c->bytes);
         goto fail;
     }
-    st = map_and_register(c->fd, c);
+    st = map_and_register(c->fd, 1, c);
     if (st == VMMT_OK) return VMMT_OK;
 fail:
     vmmt__ctrl_release(c);
     return st;
 }
 
-int vmmt__ctrl_attach_shared(int fd, size_t bytes, struct vmmt__ctrl *c)
+int vmmt__ctrl_attach_shared(int fd, size_t bytes, int register_with_driver, struct vmmt__ctrl *c)
 {
     struct stat sb;
     int st;
@@ -75,7 +76,7 @@ int vmmt__ctrl_attach_shared(int fd, size_t bytes, struct vmmt__ctrl *c)
                           "the control table the broker sent has %lld bytes, the descriptor "
                           "needs %zu; the broker belongs to another pool or version",
                           (long long)sb.st_size, c->bytes);
-    st = map_and_register(fd, c);
+    st = map_and_register(fd, register_with_driver, c);
     if (st != VMMT_OK) vmmt__ctrl_release(c);
     return st;
 }

@@ -55,7 +55,7 @@ static int s6_fetch(struct s6_ctx *x, const vmmt_desc *desc)
     if (st == VMMT_OK && fds[1] >= 0 && x->table != NULL) {
         struct vmmt__ctrl t;
         t0 = bench_now_us();
-        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d.table_slots * d.slot_stride, &t);
+        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d.table_slots * d.slot_stride, 0, &t);
         if (st == VMMT_OK && bench_series_add(x->table, bench_now_us() - t0)) st = VMMT_ENOMEM;
         if (st == VMMT_OK) vmmt__ctrl_release(&t);
     }
@@ -217,7 +217,7 @@ static void s6_row(struct bench_env *e, const struct s6_ctx *x, const struct ben
     if (x->table != NULL && x->stats.host_control_table) {
         bench_summarize(x->table, &tb);
         snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch),
-                 " + control table map+register alone %.1f", tb.p50);
+                 " + control table map alone %.1f", tb.p50);
     }
     row = bench_row_add(e->rep, "S6", "us", "attach (first consume), %s pool",
                         bench_size_name(x->stats.allocation_size, sz, sizeof sz));

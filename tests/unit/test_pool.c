@@ -654,6 +654,29 @@ static void test_host_table_polled_when_wait_refused(void **state)
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
+/* Acknowledgements still pending when the consumer goes away are written, not lost. */
+static void test_consumer_destroy_finishes_acks(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+    struct gate g;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    tu_roundtrip(f, 4096, 1);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    gate_close(&g, f->stream); /* the consumer's copy waits behind the gate */
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    gate_open_later(&g, 50);
+    vmmt_consumer_destroy(f->consumer); /* waits for the copy, then acknowledges */
+    f->consumer = NULL;
+    gate_free(&g);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &f->consumer));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -683,6 +706,7 @@ int main(void)
         T(test_device_table_across_processes),
         T(test_ready_flag_seen_without_stream_wait),
         T(test_host_table_polled_when_wait_refused),
+        T(test_consumer_destroy_finishes_acks),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
