@@ -443,6 +443,20 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
     return st;
 }
 
+/* Register a shared table on first need; a failure only means host polling. */
+static int registered_table(struct imported *ip)
+{
+    int st;
+
+    pthread_mutex_lock(&ip->poll_lock);
+    st = vmmt__ctrl_register(&ip->ctrl);
+    pthread_mutex_unlock(&ip->poll_lock);
+    if (st != VMMT_OK)
+        vmmt__log(VMMT_LOG_INFO, "control table not registered (%s); ready flags are polled",
+                  vmmt_last_error());
+    return st;
+}
+
 /*
  * Order the copy after the producer's. With a shared host table the flag is
  * usually set already and a load proves it, so the stream needs no wait.
@@ -456,12 +470,16 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
 
     if (!(rq->d.flags & VMMT__DESC_STREAM_ORDERED)) return VMMT_OK;
     /* A shared table is read by the CPU: the flag is usually set already (the
-     * descriptor travelled while the producer's copy ran); else watch it. */
-    if (rq->pool->host_table)
-        return vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4) ==
-                       rq->d.generation
-                   ? VMMT_OK
-                   : host_wait(c, rq, 0);
+     * descriptor travelled while the producer's copy ran). */
+    if (rq->pool->host_table) {
+        if (vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4) ==
+            rq->d.generation)
+            return VMMT_OK;
+        /* Not yet: let the stream wait, which needs the table registered with
+         * the driver; that costs once, so it happens only on first need. */
+        if (registered_table(rq->pool) != VMMT_OK) return host_wait(c, rq, 0);
+        word = rq->pool->ctrl.dev + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
+    }
     r = d->cuStreamWaitValue32(s, word, rq->d.generation, CU_STREAM_WAIT_VALUE_GEQ);
     if (r == CUDA_SUCCESS) return VMMT_OK;
     return host_wait(c, rq, word);

@@ -19,24 +19,29 @@ static size_t page_round(size_t n)
     return (n + page - 1) / page * page;
 }
 
+int vmmt__ctrl_register(struct vmmt__ctrl *c)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    int st;
+
+    if (c->registered) return VMMT_OK;
+    /* PORTABLE: a consumer may serve several devices from one mapping. */
+    st = VMMT_CU(d, cuMemHostRegister(c->host, c->bytes,
+                                      CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+    if (st != VMMT_OK) return vmmt__wrap(st, "registering the control table with the driver");
+    c->registered = 1;
+    return VMMT_CU(d, cuMemHostGetDevicePointer(&c->dev, c->host, 0));
+}
+
 /* Map fd and (optionally) register the mapping; fills c->host, c->dev, c->registered. */
 static int map_and_register(int fd, int register_with_driver, struct vmmt__ctrl *c)
 {
-    const struct vmmt_drv *d = vmmt__drv();
     void *p;
-    int st;
 
     p = mmap(NULL, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return vmmt__sys_fail("mapping the control table (%zu bytes)", c->bytes);
     c->host = p;
-    if (!register_with_driver) return VMMT_OK;
-    /* PORTABLE: a consumer may serve several devices from one mapping. */
-    st = VMMT_CU(d, cuMemHostRegister(p, c->bytes,
-                                      CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
-    if (st != VMMT_OK) return vmmt__wrap(st, "registering the control table with the driver");
-    c->registered = 1;
-    st = VMMT_CU(d, cuMemHostGetDevicePointer(&c->dev, p, 0));
-    return st;
+    return register_with_driver ? vmmt__ctrl_register(c) : VMMT_OK;
 }
 
 static void init(struct vmmt__ctrl *c, size_t bytes)

@@ -67,6 +67,9 @@ int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c);
  */
 int vmmt__ctrl_attach_shared(int fd, size_t bytes, int register_with_driver, struct vmmt__ctrl *c);
 
+/* Register a table mapped without registration (idempotent); fills c->dev. */
+int vmmt__ctrl_register(struct vmmt__ctrl *c);
+
 /* Unregister, unmap, close: whatever was done, in reverse. Needs the context current. */
 void vmmt__ctrl_release(struct vmmt__ctrl *c);
 
