@@ -29,6 +29,8 @@ static CUcontext g_primary[MAX_DEVICES];
 static int g_device_count; /* read once at load: the device set of a process is fixed */
 
 static _Thread_local int t_depth;
+/* Per nesting level: did enter push a context that leave must pop? */
+static _Thread_local unsigned long long t_pushed;
 
 int vmmt__drv_load_cuda(struct vmmt_drv *out)
 {
@@ -123,6 +125,8 @@ const struct vmmt_drv *vmmt__drv(void)
 {
     int st;
 
+    /* Every driver call goes through here: no lock once the table is loaded. */
+    if (g_loaded) return &g_table;
     pthread_mutex_lock(&g_lock);
     st = load_locked();
     pthread_mutex_unlock(&g_lock);
@@ -183,7 +187,7 @@ const char *vmmt__cu_name(CUresult r)
 int vmmt__ctx_enter(int device)
 {
     const struct vmmt_drv *d = vmmt__drv();
-    CUcontext ctx;
+    CUcontext ctx, cur = NULL;
     CUdevice dev;
     int st = VMMT_OK;
 
@@ -193,18 +197,32 @@ int vmmt__ctx_enter(int device)
                           "device %d does not exist: the %s driver reports %d device(s); use "
                           "a device from 0 to %d",
                           device, d->name, g_device_count, g_device_count - 1);
-    pthread_mutex_lock(&g_lock);
-    ctx = g_primary[device];
+    ctx = __atomic_load_n(&g_primary[device], __ATOMIC_ACQUIRE);
     if (ctx == NULL) {
-        st = VMMT_CU(d, cuDeviceGet(&dev, device));
-        if (st == VMMT_OK) st = VMMT_CU(d, cuDevicePrimaryCtxRetain(&ctx, dev));
-        if (st == VMMT_OK) g_primary[device] = ctx;
+        pthread_mutex_lock(&g_lock);
+        ctx = g_primary[device];
+        if (ctx == NULL) {
+            st = VMMT_CU(d, cuDeviceGet(&dev, device));
+            if (st == VMMT_OK) st = VMMT_CU(d, cuDevicePrimaryCtxRetain(&ctx, dev));
+            if (st == VMMT_OK) __atomic_store_n(&g_primary[device], ctx, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&g_lock);
+        if (st != VMMT_OK)
+            return vmmt__wrap(st, "making device %d's primary context current", device);
     }
-    pthread_mutex_unlock(&g_lock);
-    if (st != VMMT_OK) return vmmt__wrap(st, "making device %d's primary context current", device);
+    if (t_depth >= 64) return vmmt__fail(VMMT_ESTATE, "vmmt calls nested too deeply");
+    /* Applications (PyTorch, CuPy) usually have the primary context current
+     * already; then there is nothing to push, and nothing to restore. */
+    if (d->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx) {
+        t_pushed &= ~(1ull << t_depth);
+        t_depth++;
+        return VMMT_OK;
+    }
     st = VMMT_CU(d, cuCtxPushCurrent(ctx));
-    if (st == VMMT_OK) t_depth++;
-    return st;
+    if (st != VMMT_OK) return st;
+    t_pushed |= 1ull << t_depth;
+    t_depth++;
+    return VMMT_OK;
 }
 
 void vmmt__ctx_leave(void)
@@ -213,5 +231,5 @@ void vmmt__ctx_leave(void)
 
     if (t_depth == 0) return;
     t_depth--;
-    (void)g_table.cuCtxPopCurrent(&popped);
+    if (t_pushed & (1ull << t_depth)) (void)g_table.cuCtxPopCurrent(&popped);
 }

@@ -64,6 +64,7 @@ struct vmmt_pool {
     pthread_cond_t wake;
     pthread_t thread;
     int thread_started, stop;
+    int recycler_idle; /* in its untimed sleep: a publish must wake it */
     CUstream stream;
     uint32_t *table_host; /* the shared table itself, or a pinned copy of the device table */
 

@@ -135,7 +135,8 @@ static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
         p->in_flight++;
         p->in_flight_bytes += p->slot[slot].slice_bytes;
         p->published += n;
-        pthread_cond_signal(&p->wake);
+        /* The recycler polls on its own while it is not idle: no wake-up to pay. */
+        if (p->recycler_idle) pthread_cond_signal(&p->wake);
     } else if (st != VMMT_EFAILED) {
         vmmt__slot_release(p, slot);
     }

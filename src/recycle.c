@@ -115,21 +115,35 @@ static void deadline_after(struct timespec *t, long us)
  * cannot be acknowledged yet, and an early table read would only compete
  * with the publisher for the device.
  */
+/*
+ * Reclaim once per interval while slices are in flight, and for a grace
+ * period after the last one left (so that a steady stream of publishes never
+ * pays for waking this thread); then sleep until a publish wakes it. The
+ * first read after waking waits an interval too: a slice published a moment
+ * ago cannot be acknowledged yet.
+ */
+#define GRACE_INTERVALS 256
+
 static void *recycler_main(void *arg)
 {
     struct vmmt_pool *p = arg;
     struct timespec next;
+    int quiet = 0;
 
     pthread_mutex_lock(&p->lock);
     while (!p->stop) {
-        if (p->in_flight == 0 || p->failed) {
+        if (p->failed || (p->in_flight == 0 && quiet >= GRACE_INTERVALS)) {
+            p->recycler_idle = 1;
             pthread_cond_wait(&p->wake, &p->lock);
+            p->recycler_idle = 0;
+            quiet = 0;
             continue;
         }
+        quiet = p->in_flight == 0 ? quiet + 1 : 0;
         deadline_after(&next, (long)p->cfg.recycle_interval_us);
         while (!p->stop && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
             ;
-        if (p->stop) break;
+        if (p->stop || p->in_flight == 0) continue;
         pthread_mutex_unlock(&p->lock);
         /* A failed table read means the device or context is broken: nothing
          * can be recycled safely any more. */
