@@ -275,7 +275,7 @@ static int setup(struct bench_env *e)
         return vmmt__fail(VMMT_ENODEV, "--peer-device %d: the %s driver reports %d device(s)",
                           e->opt.peer_device, d->name, e->ndevices);
     /* The bench waits for room itself when a pool is full: no warning for that. */
-    vmmt_set_log_level(VMMT_LOG_ERROR);
+    if (getenv("VMMT_LOG") == NULL) vmmt_set_log_level(VMMT_LOG_ERROR);
     st = vmmt__ctx_enter(e->device);
     if (st != VMMT_OK) return st;
     describe(e);
