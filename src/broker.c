@@ -352,6 +352,12 @@ static void accept_new(struct vmmt__broker *b, int64_t now)
     while (b->nconns < VMMT_BROKER_MAX_PENDING) {
         int cfd = accept4(b->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd >= 0) {
+            /* A client sends its request right after connecting: it is usually
+             * here already, and answering now saves a round through poll. */
+            if (serve_conn(b, cfd)) {
+                close(cfd);
+                continue;
+            }
             b->conns[b->nconns].fd = cfd;
             b->conns[b->nconns].deadline = now + b->timeout_ms;
             b->nconns++;
