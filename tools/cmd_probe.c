@@ -184,8 +184,8 @@ int cmd_probe(int argc, char **argv)
     if (o.json)
         printf("\n  ]}\n");
     else
-        printf("open files: soft limit %llu, hard limit %llu (each imported pool holds one "
-               "descriptor while it is imported)\n",
+        printf("open files: soft limit %llu, hard limit %llu (a broker holds two per pool and "
+               "one per waiting client; an import needs two while it runs)\n",
                (unsigned long long)nofile.rlim_cur, (unsigned long long)nofile.rlim_max);
     return rc;
 }
