@@ -195,3 +195,42 @@ int tu_wait(pid_t pid, int timeout_ms)
     waitpid(pid, &status, 0);
     return -1;
 }
+
+int tu_run_tool(const char *const env[], const char *const args[], char *out, size_t cap)
+{
+    const char *tool = getenv("VMMT_TEST_TOOL");
+    char *argv[24];
+    int pipefd[2], status, n = 0;
+    size_t len = 0;
+    ssize_t got;
+    pid_t pid;
+
+    assert_non_null(tool);
+    argv[n++] = (char *)tool;
+    for (int i = 0; args[i] != NULL && n < 23; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    assert_int_equal(pipe(pipefd), 0);
+    pid = fork();
+    if (pid == 0) {
+        dup2(pipefd[1], 1);
+        dup2(pipefd[1], 2);
+        close(pipefd[0]);
+        /* The checks expect the emulator's defaults unless env says otherwise. */
+        unsetenv("VMMT_DRIVER");
+        unsetenv("VMMT_EMU_HANDLES");
+        unsetenv("VMMT_HANDLE_TYPE");
+        unsetenv("VMMT_EMU_DEVICES");
+        for (int i = 0; env != NULL && env[i] != NULL; i++)
+            putenv((char *)env[i]);
+        execv(tool, argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    while (len + 1 < cap && (got = read(pipefd[0], out + len, cap - 1 - len)) > 0)
+        len += (size_t)got;
+    out[len] = '\0';
+    close(pipefd[0]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}

@@ -51,6 +51,14 @@ pid_t tu_spawn(const char *name, char *const argv[], int extra_fd);
  * signal or timeout (the child is killed then). */
 int tu_wait(pid_t pid, int timeout_ms);
 
+/*
+ * Run the vmmt tool ($VMMT_TEST_TOOL) with args (NULL-terminated) and extra
+ * "K=V" environment entries (NULL or NULL-terminated), in a clean emulator
+ * environment; its stdout and stderr go to out (cap bytes, NUL-terminated).
+ * Returns its exit code, or -1 if it died.
+ */
+int tu_run_tool(const char *const env[], const char *const args[], char *out, size_t cap);
+
 /* assert_int_equal with the library's message printed when it fails. */
 #define assert_vmmt_ok(expr)                                                                       \
     do {                                                                                           \

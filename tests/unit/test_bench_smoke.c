@@ -16,41 +16,9 @@
 
 static char g_out[OUT_CAP];
 
-/* Run the tool with args; its stdout and stderr go to out. Returns its exit code. */
 static int run_tool(const char *const args[], char *out)
 {
-    const char *tool = getenv("VMMT_TEST_TOOL");
-    char *argv[16];
-    int pipefd[2], status, n = 0;
-    size_t len = 0;
-    ssize_t got;
-    pid_t pid;
-
-    assert_non_null(tool);
-    argv[n++] = (char *)tool;
-    for (int i = 0; args[i] != NULL && n < 15; i++)
-        argv[n++] = (char *)args[i];
-    argv[n] = NULL;
-    assert_int_equal(pipe(pipefd), 0);
-    pid = fork();
-    if (pid == 0) {
-        dup2(pipefd[1], 1);
-        dup2(pipefd[1], 2);
-        close(pipefd[0]);
-        unsetenv("VMMT_DRIVER");
-        unsetenv("VMMT_EMU_HANDLES");
-        unsetenv("VMMT_HANDLE_TYPE");
-        unsetenv("VMMT_EMU_DEVICES"); /* the checks expect the default two devices */
-        execv(tool, argv);
-        _exit(127);
-    }
-    close(pipefd[1]);
-    while ((got = read(pipefd[0], out + len, OUT_CAP - 1 - len)) > 0)
-        len += (size_t)got;
-    out[len] = '\0';
-    close(pipefd[0]);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return tu_run_tool(NULL, args, out, OUT_CAP);
 }
 
 static char *read_file(const char *path)

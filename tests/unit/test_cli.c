@@ -12,42 +12,9 @@
 
 #define OUT_CAP (64 * 1024)
 
-/* Run the tool with extra environment "K=V" entries; returns its exit code. */
 static int run_tool(const char *const env[], const char *const args[], char *out)
 {
-    const char *tool = getenv("VMMT_TEST_TOOL");
-    char *argv[16];
-    int pipefd[2], status, n = 0;
-    size_t len = 0;
-    ssize_t got;
-    pid_t pid;
-
-    assert_non_null(tool);
-    argv[n++] = (char *)tool;
-    for (int i = 0; args[i] != NULL && n < 15; i++)
-        argv[n++] = (char *)args[i];
-    argv[n] = NULL;
-    assert_int_equal(pipe(pipefd), 0);
-    pid = fork();
-    if (pid == 0) {
-        dup2(pipefd[1], 1);
-        dup2(pipefd[1], 2);
-        close(pipefd[0]);
-        unsetenv("VMMT_DRIVER");
-        unsetenv("VMMT_EMU_HANDLES");
-        unsetenv("VMMT_HANDLE_TYPE");
-        for (int i = 0; env != NULL && env[i] != NULL; i++)
-            putenv((char *)env[i]);
-        execv(tool, argv);
-        _exit(127);
-    }
-    close(pipefd[1]);
-    while ((got = read(pipefd[0], out + len, OUT_CAP - 1 - len)) > 0)
-        len += (size_t)got;
-    out[len] = '\0';
-    close(pipefd[0]);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return tu_run_tool(env, args, out, OUT_CAP);
 }
 
 #define assert_contains(hay, needle)                                                               \
