@@ -156,7 +156,16 @@ int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32
     pthread_mutex_lock(&a->lock);
     st = take_entry(a, device, &p);
     pthread_mutex_unlock(&a->lock);
-    if (st != VMMT_OK) return st;
+    if (st != VMMT_OK) {
+        /* No event to wait with: wait for the stream instead, then acknowledge. */
+        struct pending now = {.words = words, .count = count, .gen = gen, .done = done, .arg = arg};
+        vmmt__log(VMMT_LOG_WARN, "%s; acknowledging after a stream synchronize",
+                  vmmt_last_error());
+        r = vmmt__drv()->cuStreamSynchronize(stream);
+        write_words(&now);
+        return r == CUDA_SUCCESS ? VMMT_OK
+                                 : vmmt__cu_fail(r, "cuStreamSynchronize before acknowledging");
+    }
     p->words = words;
     p->count = count;
     p->gen = gen;
