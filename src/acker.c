@@ -20,6 +20,8 @@ struct pending {
 struct vmmt__acker {
     pthread_mutex_t lock;
     pthread_cond_t wake;
+    pthread_cond_t swept; /* a sweep in progress has finished */
+    int sweeping;         /* entries are detached from `pending` while this is set */
     struct pending *pending, *spare;
     pthread_t thread;
     int started, stop;
@@ -35,6 +37,7 @@ int vmmt__acker_create(struct vmmt__acker **out)
     if (a == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory for the acknowledgement writer");
     pthread_mutex_init(&a->lock, NULL);
     pthread_cond_init(&a->wake, NULL);
+    pthread_cond_init(&a->swept, NULL);
     *out = a;
     return VMMT_OK;
 }
@@ -68,6 +71,7 @@ static void sweep(struct vmmt__acker *a)
     struct pending *todo = a->pending, *keep = NULL, *next;
 
     a->pending = NULL;
+    a->sweeping++;
     pthread_mutex_unlock(&a->lock);
     for (struct pending *p = todo; p != NULL; p = next) {
         next = p->next;
@@ -89,6 +93,8 @@ static void sweep(struct vmmt__acker *a)
         a->pending = keep;
         keep = next;
     }
+    a->sweeping--;
+    pthread_cond_broadcast(&a->swept);
 }
 
 static void *acker_main(void *arg)
@@ -195,6 +201,9 @@ int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32
 void vmmt__acker_flush(struct vmmt__acker *a)
 {
     pthread_mutex_lock(&a->lock);
+    /* Entries the thread is looking at are invisible until it is done. */
+    while (a->sweeping > 0)
+        pthread_cond_wait(&a->swept, &a->lock);
     sweep(a);
     pthread_mutex_unlock(&a->lock);
 }
@@ -230,6 +239,7 @@ void vmmt__acker_destroy(struct vmmt__acker *a)
         }
         free(p);
     }
+    pthread_cond_destroy(&a->swept);
     pthread_cond_destroy(&a->wake);
     pthread_mutex_destroy(&a->lock);
     free(a);
