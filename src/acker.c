@@ -54,6 +54,9 @@ static int finished(struct pending *p)
 {
     CUresult r;
 
+    /* Without the device's context the event cannot be asked; the entry
+     * stays pending (evict refuses, destroy waits) rather than freeing a
+     * slice that may still be read. */
     if (vmmt__ctx_enter(p->device) != VMMT_OK) return 0;
     r = vmmt__drv()->cuEventQuery(p->ev);
     vmmt__ctx_leave();
@@ -165,8 +168,7 @@ int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32
     if (st != VMMT_OK) {
         /* No event to wait with: wait for the stream instead, then acknowledge. */
         struct pending now = {.words = words, .count = count, .gen = gen, .done = done, .arg = arg};
-        vmmt__log(VMMT_LOG_WARN, "%s; acknowledging after a stream synchronize",
-                  vmmt_last_error());
+        vmmt__log(VMMT_LOG_WARN, "%s; acknowledging after a stream synchronize", vmmt_last_error());
         r = vmmt__drv()->cuStreamSynchronize(stream);
         write_words(&now);
         return r == CUDA_SUCCESS ? VMMT_OK
@@ -180,20 +182,28 @@ int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32
     r = vmmt__drv()->cuEventRecord(p->ev, stream);
     /* Nothing queued before it (a dropped descriptor): acknowledge right here. */
     if (r == CUDA_SUCCESS) r = vmmt__drv()->cuEventQuery(p->ev);
-    if (r != CUDA_ERROR_NOT_READY) {
-        if (r != CUDA_SUCCESS) st = vmmt__cu_fail(r, "cuEventRecord after the copy");
-        write_words(p);
+    if (r == CUDA_ERROR_NOT_READY) {
         pthread_mutex_lock(&a->lock);
-        p->next = a->spare;
-        a->spare = p;
+        st = start_thread(a);
+        if (st == VMMT_OK) {
+            p->next = a->pending;
+            a->pending = p;
+            pthread_cond_signal(&a->wake);
+        }
         pthread_mutex_unlock(&a->lock);
-        return st;
+        if (st == VMMT_OK) return VMMT_OK;
+        /* No thread to finish it later: wait for the copy here. */
+        r = vmmt__drv()->cuEventSynchronize(p->ev);
+    } else if (r != CUDA_SUCCESS) {
+        /* The event says nothing: the copy may still be queued, so the slice
+         * must not be given back before the stream has drained. */
+        st = vmmt__cu_fail(r, "cuEventRecord after the copy");
+        vmmt__drv()->cuStreamSynchronize(stream);
     }
+    write_words(p);
     pthread_mutex_lock(&a->lock);
-    st = start_thread(a);
-    p->next = a->pending;
-    a->pending = p;
-    pthread_cond_signal(&a->wake);
+    p->next = a->spare;
+    a->spare = p;
     pthread_mutex_unlock(&a->lock);
     return st;
 }

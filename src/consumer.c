@@ -487,9 +487,15 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
     /* A shared table is read by the CPU: the flag is usually set already (the
      * descriptor travelled while the producer's copy ran). */
     if (rq->pool->host_table) {
-        if (vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4) ==
-            rq->d.generation)
-            return VMMT_OK;
+        uint32_t v = vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4);
+        if (v == rq->d.generation) return VMMT_OK;
+        /* A newer occupant: this descriptor was cancelled and its slot reused;
+         * a stream wait (>=) would pass and copy someone else's bytes. */
+        if ((int32_t)(v - rq->d.generation) > 0)
+            return vmmt__fail(VMMT_ESTATE,
+                              "slot holds a newer occupant (generation %u, the descriptor names "
+                              "%u): the descriptor was cancelled and its slot reused",
+                              v, rq->d.generation);
         /* Not yet: let the stream wait, which needs the table registered with
          * the driver; that costs once, so it happens only on first need. */
         if (registered_table(rq->pool) != VMMT_OK) return host_wait(c, rq, 0);

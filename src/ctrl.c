@@ -29,8 +29,15 @@ int vmmt__ctrl_register(struct vmmt__ctrl *c)
     st = VMMT_CU(d, cuMemHostRegister(c->host, c->bytes,
                                       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
     if (st != VMMT_OK) return vmmt__wrap(st, "registering the control table with the driver");
+    st = VMMT_CU(d, cuMemHostGetDevicePointer(&c->dev, c->host, 0));
+    if (st != VMMT_OK) {
+        /* Half done is not done: the next call tries the whole again. */
+        d->cuMemHostUnregister(c->host);
+        c->dev = 0;
+        return st;
+    }
     c->registered = 1;
-    return VMMT_CU(d, cuMemHostGetDevicePointer(&c->dev, c->host, 0));
+    return VMMT_OK;
 }
 
 /* Map fd and (optionally) register the mapping; fills c->host, c->dev, c->registered. */

@@ -117,7 +117,7 @@ static int load_locked(void)
                           want);
     }
     if (g_table.cuDeviceGetCount(&g_device_count) != CUDA_SUCCESS) g_device_count = 0;
-    g_loaded = 1;
+    __atomic_store_n(&g_loaded, 1, __ATOMIC_RELEASE);
     return VMMT_OK;
 }
 
@@ -126,7 +126,7 @@ const struct vmmt_drv *vmmt__drv(void)
     int st;
 
     /* Every driver call goes through here: no lock once the table is loaded. */
-    if (g_loaded) return &g_table;
+    if (__atomic_load_n(&g_loaded, __ATOMIC_ACQUIRE)) return &g_table;
     pthread_mutex_lock(&g_lock);
     st = load_locked();
     pthread_mutex_unlock(&g_lock);
@@ -179,7 +179,9 @@ const char *vmmt__cu_name(CUresult r)
     static _Thread_local char buf[32];
     const char *name = NULL;
 
-    if (g_loaded && g_table.cuGetErrorName(r, &name) == CUDA_SUCCESS && name != NULL) return name;
+    if (__atomic_load_n(&g_loaded, __ATOMIC_ACQUIRE) &&
+        g_table.cuGetErrorName(r, &name) == CUDA_SUCCESS && name != NULL)
+        return name;
     snprintf(buf, sizeof buf, "CUDA error %d", (int)r);
     return buf;
 }

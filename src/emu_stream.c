@@ -552,8 +552,7 @@ CUresult vmmt__emu_cuStreamWriteValue32(CUstream hs, CUdeviceptr addr, cuuint32_
     EMU_ENTER(cuStreamWriteValue32, 1);
     /* The H200's driver 580 refuses NO_MEMORY_BARRIER on host and device
      * memory alike (tests/gpu/RESULTS.md): so does the emulator. */
-    if (flags != 0 || addr % 4 != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (flags != 0 || addr % 4 != 0) return CUDA_ERROR_INVALID_VALUE;
     if ((op = new_op(OP_WRITE_VALUE, addr, 0, 4)) == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     op->dst_is_dev = 1;
     op->value = value;

@@ -168,6 +168,9 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
         }
     }
     if (r == CUDA_SUCCESS) {
+        /* The default flag keeps the memory barrier: consumers that see the
+         * flag with a CPU load start their copies with no GPU-side wait, so
+         * the copy's bytes must be visible before the flag is. */
         r = d->cuStreamWriteValue32(s, vmmt__ctrl_ready(p->ctrl_dev, p->stride, slot), gen,
                                     CU_STREAM_WRITE_VALUE_DEFAULT);
         if (r != CUDA_SUCCESS) vmmt__cu_fail(r, "cuStreamWriteValue32(ready flag)");

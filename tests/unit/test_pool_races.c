@@ -268,6 +268,79 @@ static void test_evict_while_consuming(void **state)
     assert_vmmt_ok(vmmt_consumer_evict(f->consumer, info.pool_id, 0));
 }
 
+/* A failed event record must not acknowledge before the queued copy has run. */
+static void test_event_record_failure_waits_for_copy(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+    struct gate g;
+
+    if (!on_emu()) skip();
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    put(f, b.ptr, 4096, 1);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    gate_close(&g, f->stream); /* the consumer's copy sits behind this */
+    gate_open_later(&g, 100);
+    emu_fail("cuEventRecord:*:CUDA_ERROR_INVALID_VALUE");
+    assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, 8192, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_ECUDA);
+    emu_reset();
+    /* Acknowledged, so the slice is free, but only after the copy ran. */
+    expect(f, f->dst, 4096, 1);
+    gate_free(&g);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/* A cancelled descriptor consumed after its slot was reused must not copy the new occupant. */
+static void test_late_cancelled_consume_refused(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b1 = bytes(f->src, 4096), b2 = bytes(f->src + 65536, 4096);
+    vmmt_desc d1, d2;
+
+    put(f, b1.ptr, 4096, 1);
+    put(f, b2.ptr, 4096, 2);
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b1, f->stream, &d1));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt_cancel(f->pool, &d1));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b2, f->stream, &d2));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_int_equal(vmmt_consume(f->consumer, &d1, 0, f->dst, 8192, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+    assert_error_contains("cancelled and its slot reused");
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d2, 0, f->dst, 8192, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, 4096, 2);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/* The recycler's idle sleep never loses a wake-up: slices recycle without explicit reclaims. */
+static void test_recycler_wakes_after_idle(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+
+    c.recycle_interval_us = 10; /* a grace period of 2.56 ms, so it idles often */
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    for (int it = 0; it < 60; it++) {
+        int waited = 0;
+        sleep_ms(it % 7);
+        assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+        assert_vmmt_ok(
+            vmmt_consume(f->consumer, &d, 0, f->dst, 8192, f->stream, VMMT_ALL_RANKS, 0));
+        while (stats(f->pool).in_flight != 0 && waited++ < 2000)
+            sleep_ms(1);
+        assert_int_equal(stats(f->pool).in_flight, 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -279,6 +352,9 @@ int main(void)
         T(test_shutdown_times_out_on_stuck_copy),
         T(test_concurrent_shutdowns),
         T(test_evict_while_consuming),
+        T(test_event_record_failure_waits_for_copy),
+        T(test_late_cancelled_consume_refused),
+        T(test_recycler_wakes_after_idle),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
