@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "ctrl.h"
 #include "driver.h"
 #include "status.h"
 
@@ -45,7 +46,7 @@ int vmmt__acker_create(struct vmmt__acker **out)
 static void write_words(struct pending *p)
 {
     for (uint32_t i = 0; i < p->count; i++)
-        __atomic_store_n(&p->words[i], p->gen, __ATOMIC_RELEASE);
+        vmmt__ctrl_store_newer(&p->words[i], p->gen);
     p->done(p->arg);
 }
 

@@ -535,7 +535,7 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
         if (!after_copy) {
             /* A dropped descriptor: no copy of ours to wait for. */
             for (uint32_t r = 0; r < rq->count; r++)
-                __atomic_store_n(&first[r], rq->d.generation, __ATOMIC_RELEASE);
+                vmmt__ctrl_store_newer(&first[r], rq->d.generation);
             return VMMT_OK;
         }
         pthread_mutex_lock(&c->lock);

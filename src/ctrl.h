@@ -34,6 +34,21 @@ static inline uint64_t vmmt__ctrl_ack(uint64_t table, uint32_t stride, uint32_t 
     return vmmt__ctrl_ready(table, stride, slot) + 4u * (1u + rank);
 }
 
+/*
+ * Store a generation into a word shared with other processes, unless the word
+ * already holds a newer one: acknowledgements written by the CPU may finish
+ * out of order (two descriptors of one slot in one sweep), and an older
+ * generation must never overwrite a newer occupant's acknowledgement.
+ */
+static inline void vmmt__ctrl_store_newer(uint32_t *word, uint32_t gen)
+{
+    uint32_t cur = __atomic_load_n(word, __ATOMIC_RELAXED);
+
+    while ((int32_t)(gen - cur) > 0 &&
+           !__atomic_compare_exchange_n(word, &cur, gen, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+}
+
 /* Acquire load of a table word written by another process or a GPU. */
 static inline uint32_t vmmt__ctrl_load(const uint32_t *word)
 {
