@@ -143,7 +143,8 @@ static void *open_gate(void *arg)
     struct gate *g = arg;
     sleep_ms(g->delay_ms);
     vmmt__ctx_enter(0);
-    vmmt__drv()->cuMemsetD8Async(g->word, 1, 1, g->stream);
+    /* A stream memory write: the waiting stream reads the word atomically too. */
+    vmmt__drv()->cuStreamWriteValue32(g->stream, g->word, 1, CU_STREAM_WRITE_VALUE_DEFAULT);
     vmmt__drv()->cuStreamSynchronize(g->stream);
     vmmt__ctx_leave();
     return NULL;

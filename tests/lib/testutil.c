@@ -84,6 +84,13 @@ void tu_resources_take(tu_resources *r)
     r->threads = tu_count_threads();
 }
 
+/*
+ * The real driver maps memory of its own lazily (first stream wait, new
+ * stream pools), so host mapping counts are exact only on the emulator, or
+ * in tests that use no driver at all.
+ */
+static int g_maps_exact = 1;
+
 void tu_resources_check_(const tu_resources *before, const char *file, int line)
 {
     tu_resources now;
@@ -95,15 +102,14 @@ void tu_resources_check_(const tu_resources *before, const char *file, int line)
         if (now.threads <= before->threads) break;
         usleep(1000);
     }
-#if defined(__SANITIZE_ADDRESS__)
-    /* ASan keeps freed large blocks mapped in its quarantine, so mapping
-     * counts mean nothing there; the ordinary build checks them, and the
-     * emulator's own counters check device mappings in both. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    /* ASan keeps freed large blocks mapped in its quarantine, and TSan maps
+     * shadow memory as it goes, so mapping counts mean nothing there; the
+     * ordinary build checks them, and the emulator's own counters check
+     * device mappings in every build. */
     maps_differ = 0;
 #else
-    /* The real driver maps memory of its own lazily (first stream wait, new
-     * stream pools), so host mapping counts are exact on the emulator only. */
-    maps_differ = now.maps != before->maps && strcmp(vmmt_driver_name(), "emu") == 0;
+    maps_differ = now.maps != before->maps && g_maps_exact;
 #endif
     /* Print first: _fail does not return. */
     if (now.fds != before->fds || maps_differ || now.threads != before->threads) {
@@ -146,6 +152,7 @@ void tu_use_test_driver(void)
         exit(1);
     }
     if (strcmp(d, "emu") == 0) vmmt__emu_configure();
+    g_maps_exact = strcmp(d, "emu") == 0;
 }
 
 const char *tu_child_path(const char *name, char *buf, size_t cap)

@@ -86,7 +86,7 @@ struct racer {
     vmmt_pool *pool;
     CUdeviceptr src;
     CUstream stream;
-    volatile int go;
+    int go; /* atomic: the racer starts when the main thread says so */
 };
 
 static void *full_publisher(void *arg)
@@ -95,7 +95,7 @@ static void *full_publisher(void *arg)
     vmmt_buffer b = bytes(r->src, 1024);
     vmmt_desc d;
 
-    while (!r->go)
+    while (!__atomic_load_n(&r->go, __ATOMIC_ACQUIRE))
         ;
     vmmt__ctx_enter(0);
     for (int i = 0; i < 100000; i++)
@@ -126,7 +126,7 @@ static void test_shutdown_against_reclaiming_publisher(void **state)
         r.src = f->src;
         r.stream = f->stream;
         pthread_create(&t, NULL, full_publisher, &r);
-        r.go = 1;
+        __atomic_store_n(&r.go, 1, __ATOMIC_RELEASE);
         nanosleep(&pause, NULL);
         assert_vmmt_ok(vmmt_pool_shutdown(r.pool));
         pthread_join(t, NULL);
