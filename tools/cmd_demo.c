@@ -71,7 +71,8 @@ static int parse(int argc, char **argv, struct demo *o)
     o->consumers = 2;
     o->size = 4 << 20;
     o->count = 64;
-    for (int i = 1; i < argc; i++) {
+    /* Every option takes a value: step two at a time. */
+    for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0) {
             printf("usage: vmmt demo [--consumers N] [--size BYTES] [--count N] "
@@ -88,7 +89,6 @@ static int parse(int argc, char **argv, struct demo *o)
         } else {
             goto bad;
         }
-        i++;
     }
     if (o->consumers < 1 || o->consumers > MAX_CONSUMERS || o->count == 0) goto bad;
     return CLI_OK;
