@@ -342,6 +342,14 @@ typedef struct vmmt_consumer vmmt_consumer;
 
 typedef struct vmmt_consumer_config {
     int timeout_ms; /* broker fetch, and waits for a ready flag on the host; default 5000 */
+    /*
+     * Imported pools kept at most; importing one more evicts the least
+     * recently used idle pool whose last copies are known to be done (every
+     * acknowledgement written, which is the case for pools with a shared host
+     * control table). A pool of a producer that restarted is thus let go
+     * instead of holding its device memory forever. Default 16; 0: no limit.
+     */
+    int max_pools;
 } vmmt_consumer_config;
 
 VMMT_API void vmmt_consumer_config_init(vmmt_consumer_config *config);

@@ -50,6 +50,7 @@ struct imported {
     CUdeviceptr table; /* the control table as streams address it */
     struct slot_state *slots;
     int users; /* consume and ack calls using the mapping, and acknowledgements not yet written */
+    uint64_t last_used; /* consumer->clock at the last consume or ack */
     /* Host polling of ready words where a stream may not wait on them. */
     pthread_mutex_t poll_lock;
     CUstream poll_stream;
@@ -59,6 +60,7 @@ struct imported {
 
 struct vmmt_consumer {
     vmmt_consumer_config cfg;
+    uint64_t clock;            /* counts consume and ack calls, for least-recently-used eviction */
     struct vmmt__acker *acker; /* acknowledgements of shared-host-table pools */
     pthread_mutex_t lock;
     struct imported *pools;
@@ -69,6 +71,7 @@ void vmmt_consumer_config_init(vmmt_consumer_config *c)
 {
     memset(c, 0, sizeof *c);
     c->timeout_ms = 5000;
+    c->max_pools = 16;
 }
 
 int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out)
@@ -83,6 +86,7 @@ int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out
     else
         vmmt_consumer_config_init(&c->cfg);
     if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = 5000;
+    if (c->cfg.max_pools < 0) c->cfg.max_pools = 0;
     if (vmmt__acker_create(&c->acker) != VMMT_OK) {
         free(c);
         return vmmt_last_status();
@@ -208,6 +212,38 @@ static struct imported *find(vmmt_consumer *c, const uint8_t id[16], int device,
         }
     }
     return NULL;
+}
+
+/*
+ * Over max_pools: let go of the least recently used pool that nobody uses and
+ * whose copies are all known finished. Only pools with a shared host table
+ * qualify: their acknowledgements are written after the copies completed,
+ * while a device table's are stream writes the CPU never sees land. Lock held.
+ */
+static void evict_idle(vmmt_consumer *c)
+{
+    struct imported **victim = NULL;
+
+    if (c->cfg.max_pools == 0 || c->count <= c->cfg.max_pools) return;
+    for (struct imported **pp = &c->pools; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->users == 0 && (*pp)->host_table &&
+            (victim == NULL || (*pp)->last_used < (*victim)->last_used))
+            victim = pp;
+    if (victim == NULL) return;
+    {
+        struct imported *ip = *victim, *next = ip->next;
+        struct vmmt__saved_error e;
+        vmmt__error_save(&e);
+        vmmt__log(VMMT_LOG_INFO,
+                  "evicting the least recently used pool (producer pid %d): "
+                  "more than max_pools=%d imported",
+                  ip->geometry.producer_pid, c->cfg.max_pools);
+        if (release_pool(ip) == VMMT_OK) {
+            *victim = next;
+            c->count--;
+        }
+        vmmt__error_restore(&e);
+    }
 }
 
 struct request {
@@ -357,7 +393,11 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
     else
         st = import_pool(c, &rq->d, device, &rq->pool);
     if (st == VMMT_OK) st = claim(rq);
-    if (st == VMMT_OK) rq->pool->users++;
+    if (st == VMMT_OK) {
+        rq->pool->users++;
+        rq->pool->last_used = ++c->clock;
+        evict_idle(c);
+    }
     pthread_mutex_unlock(&c->lock);
     return st;
 }

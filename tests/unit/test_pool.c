@@ -677,6 +677,37 @@ static void test_consumer_destroy_finishes_acks(void **state)
     assert_vmmt_ok(vmmt_consumer_create(NULL, &f->consumer));
 }
 
+/* Beyond max_pools, the least recently used idle pool is let go (a producer that restarted). */
+static void test_consumer_evicts_beyond_max_pools(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_consumer_config cc;
+    vmmt_consumer *one;
+    vmmt_pool *second;
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d;
+    int tries = 0;
+
+    vmmt_consumer_config_init(&cc);
+    assert_int_equal(cc.max_pools, 16);
+    cc.max_pools = 1;
+    assert_vmmt_ok(vmmt_consumer_create(&cc, &one));
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_pool_create(&c, &second));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_vmmt_ok(vmmt_consume(one, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000)); /* its copy is done and acknowledged */
+    do {
+        assert_vmmt_ok(vmmt_publish(second, &b, f->stream, &d));
+        assert_vmmt_ok(vmmt_consume(one, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+        assert_vmmt_ok(vmmt_pool_drain(second, 5000));
+    } while (vmmt_consumer_pool_count(one) > 1 && ++tries < 100);
+    assert_int_equal(vmmt_consumer_pool_count(one), 1);
+    vmmt_consumer_destroy(one);
+    vmmt_pool_destroy(second);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -707,6 +738,7 @@ int main(void)
         T(test_ready_flag_seen_without_stream_wait),
         T(test_host_table_polled_when_wait_refused),
         T(test_consumer_destroy_finishes_acks),
+        T(test_consumer_evicts_beyond_max_pools),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
