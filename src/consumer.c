@@ -14,6 +14,7 @@
 
 #include "acker.h"
 #include "broker.h"
+#include "clock.h"
 #include "ctrl.h"
 #include "desc.h"
 #include "driver.h"
@@ -122,23 +123,16 @@ static int release_pool(struct imported *ip)
 }
 
 /* Fetch the allocation's fd (and the shared control table's) from the broker; map both. */
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
 static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
 {
     int fds[2] = {-1, -1}, want = ip->host_table ? 2 : 1, st;
-    double t0 = now_us(), t1 = t0, t2 = t0;
+    double t0 = vmmt__now_us(), t1 = t0, t2 = t0;
 
     st = vmmt__broker_fetch_fds(&d->broker, d->pool_id, c->cfg.timeout_ms, fds, want);
-    t1 = now_us();
+    t1 = vmmt__now_us();
     if (st == VMMT_OK)
         st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
-    t2 = now_us();
+    t2 = vmmt__now_us();
     if (st == VMMT_OK && ip->host_table) {
         st =
             vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, 0, &ip->ctrl);
@@ -155,7 +149,7 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
     vmmt__log(VMMT_LOG_DEBUG,
               "attach of pool from pid %d: broker %.1f us, import+map+access %.1f us, "
               "control table %.1f us",
-              d->producer_pid, t1 - t0, t2 - t1, now_us() - t2);
+              d->producer_pid, t1 - t0, t2 - t1, vmmt__now_us() - t2);
     return st;
 }
 
@@ -414,7 +408,7 @@ static int poll_once(const struct imported *ip, CUdeviceptr word, const struct t
                      int timeout_ms)
 {
     const struct vmmt_drv *d = vmmt__drv();
-    struct timespec now, pause = {0, 10000};
+    struct timespec pause = {0, 10000};
     CUresult r;
 
     r = d->cuMemcpyDtoHAsync(ip->poll_word, word, sizeof *ip->poll_word, ip->poll_stream);
@@ -422,9 +416,7 @@ static int poll_once(const struct imported *ip, CUdeviceptr word, const struct t
     for (;;) {
         r = d->cuStreamQuery(ip->poll_stream);
         if (r != CUDA_ERROR_NOT_READY) break;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec > until->tv_sec ||
-            (now.tv_sec == until->tv_sec && now.tv_nsec >= until->tv_nsec))
+        if (vmmt__deadline_passed(until))
             return vmmt__fail(VMMT_ETIMEDOUT,
                               "reading the producer's ready flag took more than %d ms; the "
                               "device is busy or stalled",
@@ -460,14 +452,11 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
 {
     const struct vmmt_drv *d = vmmt__drv();
     struct imported *ip = rq->pool;
-    struct timespec until, now, pause = {0, 20000};
+    struct timespec until, pause = {0, 20000};
     uint32_t gen = rq->d.generation, v = 0;
     int st = VMMT_OK;
 
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += c->cfg.timeout_ms / 1000;
-    until.tv_nsec += (long)(c->cfg.timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
     pthread_mutex_lock(&ip->poll_lock);
     if (!ip->host_table && ip->poll_stream == NULL) {
         st = VMMT_CU(d, cuStreamCreate(&ip->poll_stream, CU_STREAM_NON_BLOCKING));
@@ -483,9 +472,7 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
                             v, gen);
             break;
         }
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec > until.tv_sec ||
-            (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec)) {
+        if (vmmt__deadline_passed(&until)) {
             st = vmmt__fail(VMMT_ETIMEDOUT,
                             "the producer's ready flag did not reach generation %u within %d "
                             "ms (it reads %u); is the producer alive?",

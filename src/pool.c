@@ -9,6 +9,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "ctrl.h"
 #include "driver.h"
 #include "pool_internal.h"
@@ -417,14 +418,6 @@ void vmmt__pool_quarantine(struct vmmt_pool *p)
     vmmt__log(VMMT_LOG_ERROR, "pool quarantined: %s", vmmt_last_error());
 }
 
-static void deadline_in(struct timespec *t, int ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, t);
-    t->tv_sec += ms / 1000;
-    t->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (t->tv_nsec >= 1000000000L) t->tv_sec++, t->tv_nsec -= 1000000000L;
-}
-
 /* Wait for calls inside the pool to return; lock held. */
 static int wait_callers(struct vmmt_pool *p, const struct timespec *until)
 {
@@ -456,7 +449,7 @@ static int copies_landed(const struct vmmt_pool *p)
  */
 static int wait_copies(struct vmmt_pool *p, const struct timespec *until)
 {
-    struct timespec now, pause = {0, 50000};
+    struct timespec pause = {0, 50000};
     int st;
 
     if (p->failed || p->handoff != VMMT_HANDOFF_STREAM) return VMMT_OK;
@@ -465,9 +458,7 @@ static int wait_copies(struct vmmt_pool *p, const struct timespec *until)
         st = vmmt__pool_read_table(p);
         if (st != VMMT_OK) return st;
         if (copies_landed(p)) return VMMT_OK;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec > until->tv_sec ||
-            (now.tv_sec == until->tv_sec && now.tv_nsec >= until->tv_nsec))
+        if (vmmt__deadline_passed(until))
             return vmmt__fail(VMMT_ETIMEDOUT,
                               "shutdown waited %d ms for publish copies still queued on the "
                               "callers' streams; synchronize those streams and call "
@@ -483,7 +474,7 @@ int vmmt_pool_shutdown(vmmt_pool *p)
     int st;
 
     if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_shutdown: pool is NULL");
-    deadline_in(&until, p->cfg.timeout_ms);
+    vmmt__deadline(&until, (int64_t)p->cfg.timeout_ms * 1000);
     pthread_mutex_lock(&p->lock);
     while (p->shutting_down && !p->closed)
         pthread_cond_wait(&p->changed, &p->lock);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <time.h>
 
+#include "clock.h"
 #include "ctrl.h"
 #include "driver.h"
 #include "pool_internal.h"
@@ -101,14 +102,6 @@ int vmmt_pool_reclaim(vmmt_pool *p, uint32_t *freed)
     return st;
 }
 
-static void deadline_after(struct timespec *t, long us)
-{
-    clock_gettime(CLOCK_MONOTONIC, t);
-    t->tv_nsec += us * 1000L;
-    t->tv_sec += t->tv_nsec / 1000000000L;
-    t->tv_nsec %= 1000000000L;
-}
-
 /*
  * Sleep while nothing is in flight; otherwise reclaim once per interval. The
  * first read waits a whole interval too: a slice published a moment ago
@@ -140,7 +133,7 @@ static void *recycler_main(void *arg)
             continue;
         }
         quiet = p->in_flight == 0 ? quiet + 1 : 0;
-        deadline_after(&next, (long)p->cfg.recycle_interval_us);
+        vmmt__deadline(&next, p->cfg.recycle_interval_us);
         while (!p->stop && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
             ;
         if (p->stop || p->in_flight == 0) continue;
@@ -182,12 +175,12 @@ void vmmt__recycler_stop(struct vmmt_pool *p)
 
 int vmmt_pool_drain(vmmt_pool *p, int timeout_ms)
 {
-    struct timespec until, now, pause = {0, 50000};
+    struct timespec until, pause = {0, 50000};
     uint32_t left;
     int st;
 
     if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_drain: pool is NULL");
-    deadline_after(&until, (long)timeout_ms * 1000L);
+    vmmt__deadline(&until, (int64_t)timeout_ms * 1000);
     for (;;) {
         st = vmmt__pool_enter(p);
         if (st != VMMT_OK) return st;
@@ -200,10 +193,7 @@ int vmmt_pool_drain(vmmt_pool *p, int timeout_ms)
         pthread_mutex_unlock(&p->lock);
         vmmt__pool_leave(p);
         if (st != VMMT_OK || left == 0) return st;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec > until.tv_sec ||
-            (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec))
-            break;
+        if (vmmt__deadline_passed(&until)) break;
         nanosleep(&pause, NULL);
     }
     return vmmt__fail(VMMT_ETIMEDOUT,
