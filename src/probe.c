@@ -49,11 +49,6 @@ int vmmt_handle_type_parse(const char *name, vmmt_handle_type *out)
                       name ? name : "(null)");
 }
 
-static const char *upper(vmmt_handle_type t)
-{
-    return t == VMMT_HANDLE_FABRIC ? "FABRIC" : t == VMMT_HANDLE_POSIX_FD ? "POSIX_FD" : "NONE";
-}
-
 static void try_export(const struct vmmt_drv *d, CUmemGenericAllocationHandle h,
                        vmmt_handle_probe *c)
 {
@@ -284,7 +279,7 @@ int vmmt_select_handle_type(int device, vmmt_handle_type *out)
             return vmmt__fail(VMMT_ENOTSUP,
                               "VMMT_HANDLE_TYPE=%s, but %s does not work on device %d: %s; "
                               "unset VMMT_HANDLE_TYPE to let the probe choose",
-                              env, upper(want), device, p.candidates[i].cause);
+                              env, vmmt__handle_type_upper(want), device, p.candidates[i].cause);
         *out = want;
         vmmt__clear();
         return VMMT_OK;

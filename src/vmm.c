@@ -7,7 +7,7 @@
 #include "driver.h"
 #include "status.h"
 
-static const char *type_upper(vmmt_handle_type t)
+const char *vmmt__handle_type_upper(vmmt_handle_type t)
 {
     switch (t) {
     case VMMT_HANDLE_FABRIC: return "FABRIC";
@@ -41,7 +41,7 @@ int vmmt__granularity(int device, vmmt_handle_type type, size_t *minimum, size_t
                                              CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (r != CUDA_SUCCESS)
         return vmmt__cu_fail(r, "cuMemGetAllocationGranularity(device=%d, handle=%s)", device,
-                             type_upper(type));
+                             vmmt__handle_type_upper(type));
     return VMMT_OK;
 }
 
@@ -178,7 +178,7 @@ int vmmt__mapping_create(int device, uint64_t size, vmmt_handle_type type, int r
     r = d->cuMemCreate(&m->handle, size, &prop, 0);
     if (r != CUDA_SUCCESS) {
         st = vmmt__cu_fail(r, "cuMemCreate(size=%" PRIu64 ", device=%d, handle=%s)", size, device,
-                           type_upper(type));
+                           vmmt__handle_type_upper(type));
         goto out;
     }
     m->have_handle = 1;

@@ -13,6 +13,9 @@
 #include "cuabi.h"
 #include "vmmt.h"
 
+/* The driver's spelling of a handle type in messages: "FABRIC", "POSIX_FD", "NONE", "AUTO". */
+const char *vmmt__handle_type_upper(vmmt_handle_type type);
+
 void vmmt__prop_init(CUmemAllocationProp *prop, int device, vmmt_handle_type type, int rdma);
 
 /* Minimum and recommended granularity for allocations of `type` on `device`. */

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include "cli.h"
+#include "vmm.h"
 #include "vmmt.h"
 
 struct probe_opts {
@@ -40,11 +41,6 @@ static int parse(int argc, char **argv, struct probe_opts *o)
     return CLI_OK;
 }
 
-static const char *upper(vmmt_handle_type t)
-{
-    return t == VMMT_HANDLE_FABRIC ? "FABRIC" : t == VMMT_HANDLE_POSIX_FD ? "POSIX_FD" : "NONE";
-}
-
 static void text_device(const vmmt_device_probe *p, int st)
 {
     printf("device %d: %s, %.1f GiB, VMM %s, GPUDirect RDMA with VMM %s\n", p->device, p->name,
@@ -62,7 +58,7 @@ static void text_device(const vmmt_device_probe *p, int st)
                  c->export_result < 0    ? "-"
                  : c->export_result == 0 ? "ok"
                                          : "failed");
-        printf("  %-9s %-9s %-19s %-26s %-8s %s\n", upper(c->type), attr, gran,
+        printf("  %-9s %-9s %-19s %-26s %-8s %s\n", vmmt__handle_type_upper(c->type), attr, gran,
                c->create_result == 0 ? "ok" : "failed", exp, c->works ? "" : c->cause);
     }
     printf("  IMEX channels (/dev/nvidia-caps-imex-channels): %s\n",
