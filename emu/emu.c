@@ -480,14 +480,3 @@ int vmmt__emu_current_device(void)
     if (atomic_load(&c->refs) == 0 || !vmmt__emu_device_ok(c->device)) return -1;
     return c->device;
 }
-
-/* ---------------------------------------------------------------- table */
-
-void vmmt__drv_load_emu(struct vmmt_drv *out)
-{
-    out->name = "emu";
-    /* Every entry of the table, by the same list: a missing one does not compile. */
-#define EMU_FILL(fn, ver, params) out->fn = vmmt__emu_##fn;
-    VMMT_DRV_ENTRIES(EMU_FILL)
-#undef EMU_FILL
-}

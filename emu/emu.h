@@ -1,15 +1,22 @@
 /*
- * Controls of the emulated driver for tests and the CLI. The settings come
- * from the environment (docs/emulator.md); vmmt__emu_configure re-reads them
- * and resets the failure counters, so one test process can run several
- * configurations in turn.
+ * Controls of the emulated driver for tests. The settings come from the
+ * environment (docs/emulator.md); vmmt__emu_configure re-reads them and
+ * resets the failure counters, so one test process can run several
+ * configurations in turn. libvmmt_emu.so exports these; tests reach them in
+ * the instance the driver layer loaded (tests/lib/emu_controls.c).
  */
 #ifndef VMMT_EMU_H
 #define VMMT_EMU_H
 
 #include <stddef.h>
 
-void vmmt__emu_configure(void);
+#if defined(__GNUC__)
+#define VMMT_EMU_API __attribute__((visibility("default")))
+#else
+#define VMMT_EMU_API
+#endif
+
+VMMT_EMU_API void vmmt__emu_configure(void);
 
 /*
  * What this process holds in the emulator now, for leak checks: physical
@@ -17,17 +24,17 @@ void vmmt__emu_configure(void);
  * reservations, mappings, streams, events, and cuMemAlloc/cuMemAllocHost
  * blocks.
  */
-int vmmt__emu_live_allocations(void);
-int vmmt__emu_live_reservations(void);
-int vmmt__emu_live_mappings(void);
-int vmmt__emu_live_streams(void);
-int vmmt__emu_live_events(void);
-int vmmt__emu_live_blocks(void);
+VMMT_EMU_API int vmmt__emu_live_allocations(void);
+VMMT_EMU_API int vmmt__emu_live_reservations(void);
+VMMT_EMU_API int vmmt__emu_live_mappings(void);
+VMMT_EMU_API int vmmt__emu_live_streams(void);
+VMMT_EMU_API int vmmt__emu_live_events(void);
+VMMT_EMU_API int vmmt__emu_live_blocks(void);
 
 /*
  * Calls of the entry point named `entry` (e.g. "cuMemMap") since the last
  * configure, failed ones included; -1 for a name that is no entry point.
  */
-long vmmt__emu_calls(const char *entry);
+VMMT_EMU_API long vmmt__emu_calls(const char *entry);
 
 #endif

@@ -1,8 +1,9 @@
 /*
- * The table of CUDA driver entry points vmmt calls. Two implementations fill
- * it: the real driver (driver.c, libcuda.so.1 loaded at run time) and the
- * emulator (emu.c, host memory). Library code calls only through this table,
- * so the code tested on the emulator is the code that runs on a GPU.
+ * The table of CUDA driver entry points vmmt calls, filled from a driver
+ * library loaded at run time: libcuda.so.1, or any library that exports the
+ * same entry points through cuGetProcAddress (the emulated driver,
+ * libvmmt_emu.so, built from emu/). Library code calls only through this
+ * table, so the code tested on the emulator is the code that runs on a GPU.
  */
 #ifndef VMMT_DRIVER_H
 #define VMMT_DRIVER_H
@@ -71,7 +72,7 @@
     X(cuEventDestroy, 4000, (CUevent))
 
 struct vmmt_drv {
-    const char *name; /* "cuda" or "emu" */
+    const char *name; /* "cuda", or what the library's vmmt__driver_name() says ("emu") */
 #define VMMT_DRV_FIELD(fn, ver, params) CUresult(*fn) params;
     VMMT_DRV_ENTRIES(VMMT_DRV_FIELD)
 #undef VMMT_DRV_FIELD
@@ -84,11 +85,21 @@ struct vmmt_drv {
  */
 const struct vmmt_drv *vmmt__drv(void);
 
-/* Fill the table from libcuda.so.1 (or $VMMT_LIBCUDA). Status code; message set. */
-int vmmt__drv_load_cuda(struct vmmt_drv *out);
+/*
+ * Open the driver library `want` names and fill `out` from it, without
+ * initialising it (no cuInit): "cuda" or "" (libcuda.so.1, or $VMMT_LIBCUDA),
+ * "emu" (libvmmt_emu.so, searched as docs/emulator.md says) or a path. The
+ * library stays open; *handle (when not NULL) gets it. Status; message set.
+ */
+int vmmt__drv_open(const char *want, struct vmmt_drv *out, void **handle);
 
-/* Fill the table with the emulator's entry points (emu.c). Never fails. */
-void vmmt__drv_load_emu(struct vmmt_drv *out);
+/*
+ * The dlopen handle of the library the process uses (VMMT_DRIVER or the last
+ * vmmt_driver_select), opened but not initialised if nothing has used it yet;
+ * NULL with the message set when it cannot be opened. Tests reach the
+ * emulator's controls through it, so they talk to the very instance in use.
+ */
+void *vmmt__drv_library(void);
 
 /* "CUDA_ERROR_OUT_OF_MEMORY" for a result, whatever the driver in use. */
 const char *vmmt__cu_name(CUresult r);

@@ -147,6 +147,10 @@ void tu_use_test_driver(void)
     steady_process_state();
     const char *d = getenv("VMMT_TEST_DRIVER");
     if (d == NULL || *d == '\0') d = "emu";
+    /* The emulator this build made, for this process and the children it starts
+     * (they live in tests/, not beside the library); tu_run_tool unsets it for
+     * the tool, which must find it on its own. */
+    setenv("VMMT_EMU_LIBRARY", VMMT_TEST_EMU_LIBRARY, 0);
     if (vmmt_driver_select(d) != VMMT_OK) {
         fprintf(stderr, "cannot select driver %s: %s\n", d, vmmt_last_error());
         exit(1);
@@ -228,6 +232,8 @@ int tu_run_tool(const char *const env[], const char *const args[], char *out, si
         unsetenv("VMMT_EMU_HANDLES");
         unsetenv("VMMT_HANDLE_TYPE");
         unsetenv("VMMT_EMU_DEVICES");
+        /* The tool finds libvmmt_emu.so beside itself, as an installed one must. */
+        unsetenv("VMMT_EMU_LIBRARY");
         for (int i = 0; env != NULL && env[i] != NULL; i++)
             putenv((char *)env[i]);
         execv(tool, argv);

@@ -71,6 +71,34 @@ static void test_probe_no_driver(void **state)
                         60) == 0);
 }
 
+/* The emulator is a driver library like libcuda: chosen by name or by path. */
+static void test_driver_library_choice(void **state)
+{
+    static char by_path[4200], not_driver[4200];
+    const char *env[] = {by_path, NULL};
+    const char *env_bad[] = {not_driver, NULL};
+    const char *env_missing[] = {"VMMT_DRIVER=emu", "VMMT_EMU_LIBRARY=/nonexistent/libvmmt_emu.so",
+                                 NULL};
+    const char *args[] = {"probe", "--json", NULL};
+    char dir[4096], *slash;
+    (void)state;
+    snprintf(by_path, sizeof by_path, "VMMT_DRIVER=%s", VMMT_TEST_EMU_LIBRARY);
+    assert_int_equal(run_tool(env, args, g_out), 0);
+    assert_contains(g_out, "\"driver\": \"emu\"");
+    /* A library without cuGetProcAddress is refused, in words. */
+    snprintf(dir, sizeof dir, "%s", VMMT_TEST_EMU_LIBRARY);
+    slash = strrchr(dir, '/');
+    assert_non_null(slash);
+    *slash = '\0';
+    snprintf(not_driver, sizeof not_driver, "VMMT_DRIVER=%s/libvmmt.so", dir);
+    assert_int_equal(run_tool(env_bad, args, g_out), 2);
+    assert_contains(g_out, "has no cuGetProcAddress");
+    /* An explicit emulator path that is wrong is an error, not a silent search elsewhere. */
+    assert_int_equal(run_tool(env_missing, args, g_out), 2);
+    assert_contains(g_out, "emulated driver not found: VMMT_EMU_LIBRARY names "
+                           "/nonexistent/libvmmt_emu.so");
+}
+
 static void test_probe_bad_args(void **state)
 {
     const char *args[] = {"probe", "--frobnicate", NULL};
@@ -121,6 +149,7 @@ int main(void)
         cmocka_unit_test(test_probe_emu_fabric),
         cmocka_unit_test(test_probe_emu_none),
         cmocka_unit_test(test_probe_no_driver),
+        cmocka_unit_test(test_driver_library_choice),
         cmocka_unit_test(test_probe_bad_args),
         cmocka_unit_test(test_demo_emu),
         cmocka_unit_test(test_demo_falls_back_without_gpu),

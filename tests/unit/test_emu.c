@@ -171,7 +171,7 @@ static void test_init_required(void **state)
     const char *name = NULL;
 
     (void)state;
-    vmmt__drv_load_emu(&t);
+    assert_int_equal(vmmt__drv_open("emu", &t, NULL), VMMT_OK);
     assert_string_equal(t.name, "emu");
     assert_cu(t.cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
     assert_cu(t.cuMemAddressFree(0, 0), CUDA_ERROR_NOT_INITIALIZED);
