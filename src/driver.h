@@ -9,6 +9,7 @@
 #define VMMT_DRIVER_H
 
 #include "cuabi.h"
+#include "status.h"
 
 /*
  * X(name, cuda_version, parameters): cuda_version is the CUDA release whose
@@ -103,6 +104,19 @@ void *vmmt__drv_library(void);
 
 /* "CUDA_ERROR_OUT_OF_MEMORY" for a result, whatever the driver in use. */
 const char *vmmt__cu_name(CUresult r);
+
+/*
+ * Record a failed driver call: "<call> -> CUDA_ERROR_X". The status is
+ * VMMT_ECUDA, or VMMT_ENOMEM/VMMT_ENODEV/VMMT_ENOTSUP/VMMT_ETIMEDOUT where
+ * the result says so; vmmt_last_cuda_error() gives the result. (cuerr.c)
+ */
+int vmmt__cu_fail(CUresult r, const char *call_fmt, ...) VMMT_PRINTF(2, 3);
+
+/* VMMT_OK for CUDA_SUCCESS, else vmmt__cu_fail naming `call`. */
+int vmmt__cu_check(CUresult r, const char *call);
+
+/* Run a driver call through the table; on failure the message names the call as written. */
+#define VMMT_CU(drv, call) vmmt__cu_check((drv)->call, #call)
 
 /*
  * Make the device's primary context current for the duration of a library

@@ -5,8 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "driver.h"
-
 /* Long enough for the probe's message, which lists three candidates with causes. */
 #define MSG_CAP 4096
 
@@ -92,30 +90,13 @@ int vmmt__wrap(int status, const char *fmt, ...)
     return status;
 }
 
-static int status_of_cu(CUresult r)
+int vmmt__fail_cuda(int status, int cuda_result, const char *fmt, ...)
 {
-    switch (r) {
-    case CUDA_ERROR_OUT_OF_MEMORY: return VMMT_ENOMEM;
-    case CUDA_ERROR_NO_DEVICE:
-    case CUDA_ERROR_INVALID_DEVICE: return VMMT_ENODEV;
-    case CUDA_ERROR_NOT_SUPPORTED:
-    case CUDA_ERROR_NOT_PERMITTED: return VMMT_ENOTSUP;
-    case CUDA_ERROR_TIMEOUT: return VMMT_ETIMEDOUT;
-    default: return VMMT_ECUDA;
-    }
-}
-
-int vmmt__cu_fail(CUresult r, const char *call_fmt, ...)
-{
-    char call[512];
     va_list ap;
-    int status = status_of_cu(r);
-
-    va_start(ap, call_fmt);
-    vsnprintf(call, sizeof call, call_fmt, ap);
+    va_start(ap, fmt);
+    vfail(status, fmt, ap);
     va_end(ap);
-    vmmt__fail(status, "%s -> %s", call, vmmt__cu_name(r));
-    t_cuda = r;
+    t_cuda = cuda_result;
     return status;
 }
 
@@ -129,11 +110,6 @@ int vmmt__sys_fail(const char *fmt, ...)
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     return vmmt__fail(err == ENOMEM ? VMMT_ENOMEM : VMMT_ESYS, "%s: %s", what, strerror(err));
-}
-
-int vmmt__cu_check(CUresult r, const char *call)
-{
-    return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "%s", call);
 }
 
 void vmmt__error_save(struct vmmt__saved_error *e)

@@ -7,7 +7,6 @@
 #ifndef VMMT_STATUS_H
 #define VMMT_STATUS_H
 
-#include "cuabi.h"
 #include "vmmt.h"
 
 #if defined(__GNUC__)
@@ -23,17 +22,11 @@ int vmmt__fail(int status, const char *fmt, ...) VMMT_PRINTF(2, 3);
 int vmmt__wrap(int status, const char *fmt, ...) VMMT_PRINTF(2, 3);
 
 /*
- * Record a failed driver call: "<call> -> CUDA_ERROR_X". The status is
- * VMMT_ECUDA, or VMMT_ENOMEM/VMMT_ENODEV/VMMT_ENOTSUP/VMMT_ETIMEDOUT where
- * the result says so; vmmt_last_cuda_error() gives the result.
+ * vmmt__fail that also records a driver result for vmmt_last_cuda_error().
+ * Naming the result is the driver layer's job (vmmt__cu_fail in driver.h):
+ * this layer stores the number and knows nothing of CUDA.
  */
-int vmmt__cu_fail(CUresult r, const char *call_fmt, ...) VMMT_PRINTF(2, 3);
-
-/* VMMT_OK for CUDA_SUCCESS, else vmmt__cu_fail naming `call`. */
-int vmmt__cu_check(CUresult r, const char *call);
-
-/* Run a driver call through the table; on failure the message names the call as written. */
-#define VMMT_CU(drv, call) vmmt__cu_check((drv)->call, #call)
+int vmmt__fail_cuda(int status, int cuda_result, const char *fmt, ...) VMMT_PRINTF(3, 4);
 
 /* Record a failed system call using errno: "<what>: strerror(errno)". */
 int vmmt__sys_fail(const char *fmt, ...) VMMT_PRINTF(1, 2);
