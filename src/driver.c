@@ -66,6 +66,19 @@ static void *try_open(const char *path, char *tried, size_t cap)
     return lib;
 }
 
+/* One library the user named: loaded, or an error naming it and what to do. */
+static void *open_exact(const char *name, char *path, size_t cap, const char *what,
+                        const char *advice)
+{
+    char tried[PATH_MAX + 1024] = "";
+    void *lib;
+
+    snprintf(path, cap, "%s", name);
+    lib = try_open(path, tried, sizeof tried);
+    if (lib == NULL) vmmt__fail(VMMT_ENODRIVER, "%s %s; %s", what, tried, advice);
+    return lib;
+}
+
 /*
  * The folder of the object that holds this code: the shared library, or the
  * program (or Python extension) it was linked into statically. For the main
@@ -105,16 +118,10 @@ static void *open_emu(char *path, size_t cap)
     char tried[3072] = "", dir[PATH_MAX];
     void *lib;
 
-    if (env != NULL && *env != '\0') {
-        snprintf(path, cap, "%s", env);
-        lib = try_open(path, tried, sizeof tried);
-        if (lib == NULL)
-            vmmt__fail(VMMT_ENODRIVER,
-                       "emulated driver not found: VMMT_EMU_LIBRARY names %s; set it to the "
-                       "path of libvmmt_emu.so, or unset it to search beside libvmmt",
-                       tried);
-        return lib;
-    }
+    if (env != NULL && *env != '\0')
+        return open_exact(env, path, cap, "emulated driver not found: VMMT_EMU_LIBRARY names",
+                          "set it to the path of libvmmt_emu.so, or unset it to search beside "
+                          "libvmmt");
     if (own_folder(dir, sizeof dir) == 0) {
         snprintf(path, cap, "%s/%s", dir, EMU_LIBRARY);
         if ((lib = try_open(path, tried, sizeof tried)) != NULL) return lib;
@@ -138,20 +145,13 @@ static void *open_emu(char *path, size_t cap)
 static void *open_library(const char *want, char *path, size_t cap)
 {
     const char *env = getenv("VMMT_LIBCUDA");
-    char tried[PATH_MAX + 1024] = "";
     void *lib;
 
     if (strcmp(want, "emu") == 0) return open_emu(path, cap);
-    if (strchr(want, '/') != NULL) {
-        snprintf(path, cap, "%s", want);
-        lib = try_open(path, tried, sizeof tried);
-        if (lib == NULL)
-            vmmt__fail(VMMT_ENODRIVER,
-                       "driver library %s could not be loaded; name an existing library in "
-                       "VMMT_DRIVER, or use 'cuda' or 'emu'",
-                       tried);
-        return lib;
-    }
+    if (strchr(want, '/') != NULL)
+        return open_exact(want, path, cap, "driver library could not be loaded:",
+                          "name an existing driver library in VMMT_DRIVER, or use 'cuda' or "
+                          "'emu'");
     snprintf(path, cap, "%s", env != NULL && *env != '\0' ? env : "libcuda.so.1");
     lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL)

@@ -77,6 +77,7 @@ static void test_driver_library_choice(void **state)
     static char by_path[4200], not_driver[4200];
     const char *env[] = {by_path, NULL};
     const char *env_bad[] = {not_driver, NULL};
+    const char *env_nofile[] = {"VMMT_DRIVER=/nonexistent/libdriver.so", NULL};
     const char *env_missing[] = {"VMMT_DRIVER=emu", "VMMT_EMU_LIBRARY=/nonexistent/libvmmt_emu.so",
                                  NULL};
     const char *args[] = {"probe", "--json", NULL};
@@ -93,6 +94,8 @@ static void test_driver_library_choice(void **state)
     snprintf(not_driver, sizeof not_driver, "VMMT_DRIVER=%s/libvmmt.so", dir);
     assert_int_equal(run_tool(env_bad, args, g_out), 2);
     assert_contains(g_out, "has no cuGetProcAddress");
+    assert_int_equal(run_tool(env_nofile, args, g_out), 2);
+    assert_contains(g_out, "driver library could not be loaded: /nonexistent/libdriver.so (");
     /* An explicit emulator path that is wrong is an error, not a silent search elsewhere. */
     assert_int_equal(run_tool(env_missing, args, g_out), 2);
     assert_contains(g_out, "emulated driver not found: VMMT_EMU_LIBRARY names "
