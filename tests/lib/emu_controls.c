@@ -4,10 +4,12 @@
  * instance its pools run on. The test programs do not link libvmmt_emu.so:
  * its cu* symbols must never enter a process's global scope, where they could
  * shadow libcuda's when the same tests run on a GPU (VMMT_TEST_DRIVER=cuda).
- * With another driver in use the controls do nothing and count nothing.
+ * With another driver in use the controls do nothing and count nothing; on
+ * the emulator a control it does not export stops the test.
  */
 #include <dlfcn.h>
-#include <string.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "driver.h"
 #include "emu.h"
@@ -16,8 +18,14 @@
 static void *control(const char *name)
 {
     void *lib = vmmt__drv_library();
+    void *f = lib != NULL ? dlsym(lib, name) : NULL;
 
-    return lib != NULL ? dlsym(lib, name) : NULL;
+    /* On the emulator a missing control would let a leak check pass unchecked. */
+    if (f == NULL && lib != NULL && dlsym(lib, "vmmt__driver_name") != NULL) {
+        fprintf(stderr, "emulated driver in use but it exports no %s\n", name);
+        abort();
+    }
+    return f;
 }
 
 void vmmt__emu_configure(void)
