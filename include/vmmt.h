@@ -375,6 +375,19 @@ VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, i
                                void *stream, int rank_first, int rank_count);
 
 /*
+ * Were the bytes a consume copied really the producer's? VMMT_OK, or
+ * VMMT_EFAILED when the producer died before its copy into the slice was
+ * done (its ready flag never set): the consumer then set the flag itself so
+ * that its stream is not blocked for ever, and what landed at dst is not the
+ * buffer. Call it after synchronizing the consume's stream, before using the
+ * bytes, wherever producers may die. A consumer learns of a producer's death
+ * through the broker connection (POSIX_FD pools); consumes of such a pool
+ * then fail with VMMT_ECLOSED, and the pool is let go once its copies are
+ * done. Thread-safe.
+ */
+VMMT_API int vmmt_consumer_check(vmmt_consumer *consumer, const vmmt_desc *desc);
+
+/*
  * Unmap a pool and forget it. Streams that consumed from it must be
  * synchronized first. VMMT_OK if it was not cached.
  */
@@ -383,7 +396,13 @@ VMMT_API int vmmt_consumer_evict(vmmt_consumer *consumer, const uint8_t pool_id[
 /* Pools currently imported. */
 VMMT_API int vmmt_consumer_pool_count(vmmt_consumer *consumer);
 
-/* Evict every pool and free. NULL is allowed. */
+/*
+ * Evict every pool and free. NULL is allowed. Bounded by timeout_ms: the
+ * ready flags of dead producers are set first so that no stream of ours
+ * waits on them; acknowledgements whose copies finish within the timeout are
+ * written; a pool with a copy still queued after it stays mapped (leaked,
+ * logged) rather than being unmapped under the copy.
+ */
 VMMT_API void vmmt_consumer_destroy(vmmt_consumer *consumer);
 
 #ifdef __cplusplus

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "clock.h"
 #include "ctrl.h"
 #include "driver.h"
 #include "status.h"
@@ -217,6 +218,38 @@ void vmmt__acker_flush(struct vmmt__acker *a)
         pthread_cond_wait(&a->swept, &a->lock);
     sweep(a);
     pthread_mutex_unlock(&a->lock);
+}
+
+int vmmt__acker_finish(struct vmmt__acker *a, int timeout_ms)
+{
+    struct timespec until, pause = {0, 100000};
+    int abandoned = 0;
+
+    pthread_mutex_lock(&a->lock);
+    a->stop = 1;
+    pthread_cond_broadcast(&a->wake);
+    pthread_mutex_unlock(&a->lock);
+    if (a->started) pthread_join(a->thread, NULL);
+    a->started = 0;
+    /* Polled, not synchronized: an event behind a wedged stream must not hold us. */
+    vmmt__deadline(&until, (int64_t)timeout_ms * 1000);
+    pthread_mutex_lock(&a->lock);
+    while (a->pending != NULL) {
+        sweep(a);
+        if (a->pending == NULL || vmmt__deadline_passed(&until)) break;
+        pthread_mutex_unlock(&a->lock);
+        nanosleep(&pause, NULL);
+        pthread_mutex_lock(&a->lock);
+    }
+    while (a->pending != NULL) {
+        struct pending *p = a->pending;
+        a->pending = p->next;
+        p->next = a->spare;
+        a->spare = p;
+        abandoned++;
+    }
+    pthread_mutex_unlock(&a->lock);
+    return abandoned;
 }
 
 void vmmt__acker_destroy(struct vmmt__acker *a)

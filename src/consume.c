@@ -118,6 +118,9 @@ static int claim(struct request *rq)
                               "descriptor for slot %u generation %u is stale: this process "
                               "already saw generation %u there",
                               rq->d.slot, rq->d.generation, s->generation);
+        /* A newer occupant: groups of the old one will never complete here. */
+        for (int i = 0; i < PACK_GROUPS; i++)
+            if (s->groups[i].members != 0) rq->pool->open_groups--;
         memset(s, 0, sizeof *s);
         s->generation = rq->d.generation;
     }
@@ -130,11 +133,13 @@ static int claim(struct request *rq)
     g = group_for(s, rq);
     if (g == NULL) return vmmt_last_status();
     if (g->members & bit) return fail_twice(rq);
+    if (g->members == 0) rq->pool->open_groups++;
     g->members |= bit;
     if ((g->members & all) == all) {
         rq->ack_now = 1;
         mark_acked(s, rq->first, rq->count);
         memset(g, 0, sizeof *g);
+        rq->pool->open_groups--;
     }
     return VMMT_OK;
 }
@@ -167,9 +172,7 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
 
 static void done(vmmt_consumer *c, struct request *rq)
 {
-    pthread_mutex_lock(&c->lock);
-    rq->pool->users--;
-    pthread_mutex_unlock(&c->lock);
+    vmmt__cache_unuse(c, rq->pool);
 }
 
 /* Read the ready word on the pool's own stream, within the deadline. */
@@ -241,6 +244,13 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
                             v, gen);
             break;
         }
+        if (vmmt__cache_pidfd_exited(ip)) {
+            st = vmmt__fail(VMMT_ECLOSED,
+                            "the producer (pid %d) exited before setting its ready flag to "
+                            "generation %u; nothing was copied: drop the request",
+                            rq->d.producer_pid, gen);
+            break;
+        }
         if (vmmt__deadline_passed(&until)) {
             st = vmmt__fail(VMMT_ETIMEDOUT,
                             "the producer's ready flag did not reach generation %u within %d "
@@ -306,9 +316,21 @@ static void deferred_ack_done(void *arg)
 {
     struct imported *ip = arg;
 
-    pthread_mutex_lock(&ip->owner->lock);
-    ip->users--;
-    pthread_mutex_unlock(&ip->owner->lock);
+    vmmt__cache_unuse(ip->owner, ip);
+}
+
+/*
+ * Keep the pool mapped until the work now on `s` (a copy out of it) has
+ * completed: the acker sees an event after it and lets go. Without this an
+ * eviction could unmap the pool under the queued copy.
+ */
+static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
+{
+    pthread_mutex_lock(&c->lock);
+    rq->pool->users++;
+    pthread_mutex_unlock(&c->lock);
+    return vmmt__acker_defer(c->acker, rq->pool->device, s, NULL, 0, 0, deferred_ack_done,
+                             rq->pool);
 }
 
 /*
@@ -345,10 +367,19 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
         CUresult res =
             d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
                                     rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
-        if (res != CUDA_SUCCESS)
-            return vmmt__cu_fail(res, "cuStreamWriteValue32(acknowledgement of rank %u)", r);
+        if (res != CUDA_SUCCESS) {
+            st = vmmt__cu_fail(res, "cuStreamWriteValue32(acknowledgement of rank %u)", r);
+            /* Whatever is queued still reads the pool. */
+            if (after_copy) {
+                struct vmmt__saved_error e;
+                vmmt__error_save(&e);
+                track_copy(c, rq, s);
+                vmmt__error_restore(&e);
+            }
+            return st;
+        }
     }
-    return VMMT_OK;
+    return after_copy ? track_copy(c, rq, s) : VMMT_OK;
 }
 
 int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t dst,
@@ -373,6 +404,9 @@ int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t d
             st = vmmt__cu_fail(r, "cuMemcpyDtoDAsync(%" PRIu64 " bytes out of the pool)",
                                rq.d.nbytes);
     }
+    /* A packed member's copy without the group's acknowledgement yet: the
+     * pool stays mapped until the copy is done. */
+    if (st == VMMT_OK && !rq.ack_now) st = track_copy(c, &rq, (CUstream)stream);
     /* Acknowledge even after a failure, so the producer gets the slice back;
      * the claim above already forbids a retry of this descriptor. */
     if (rq.ack_now) {
