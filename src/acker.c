@@ -278,8 +278,14 @@ void vmmt__acker_destroy(struct vmmt__acker *a)
         struct pending *p = a->spare;
         a->spare = p->next;
         if (vmmt__ctx_enter(p->device) == VMMT_OK) {
-            d->cuEventDestroy(p->ev);
+            CUresult r = d->cuEventDestroy(p->ev);
+            if (r != CUDA_SUCCESS)
+                vmmt__log(VMMT_LOG_ERROR,
+                          "cuEventDestroy of an acknowledgement event failed (%s); leaked",
+                          vmmt__cu_name(r));
             vmmt__ctx_leave();
+        } else {
+            vmmt__log(VMMT_LOG_ERROR, "no context to destroy an acknowledgement event in; leaked");
         }
         free(p);
     }

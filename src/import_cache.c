@@ -65,8 +65,13 @@ static int release_pool(struct imported *ip)
         st = vmmt__ctx_enter(ip->device);
         if (st != VMMT_OK) return st;
         if (ip->poll_stream != NULL) {
+            /* A failed synchronize leaves only reads of ready words, into
+             * poll_word, which stays until the stream is gone. */
             CUresult r = d->cuStreamSynchronize(ip->poll_stream);
-            if (r == CUDA_SUCCESS) r = d->cuStreamDestroy(ip->poll_stream);
+            if (r != CUDA_SUCCESS)
+                vmmt__log(VMMT_LOG_WARN, "synchronizing the ready-flag polling stream failed (%s)",
+                          vmmt__cu_name(r));
+            r = d->cuStreamDestroy(ip->poll_stream);
             if (r != CUDA_SUCCESS) {
                 vmmt__ctx_leave();
                 return vmmt__cu_fail(r, "releasing the ready-flag polling stream");
