@@ -459,17 +459,27 @@ static int copies_landed(const struct vmmt_pool *p)
 /*
  * Stream-ordered publishes return with their copy into the pool still queued
  * on the caller's stream; unmapping under it would fault that stream. Wait
- * until every ready word shows its copy finished.
+ * until every ready word shows its copy finished. A quarantined pool is no
+ * exception: where the table cannot be read, whether the copies are done
+ * cannot be known, and the memory stays mapped until a later shutdown can
+ * tell.
  */
 static int wait_copies(struct vmmt_pool *p, const struct timespec *until)
 {
     struct timespec pause = {0, 50000};
     int st;
 
-    if (p->failed || p->handoff != VMMT_HANDOFF_STREAM) return VMMT_OK;
+    if (p->handoff != VMMT_HANDOFF_STREAM) return VMMT_OK;
     for (;;) {
         if (p->in_flight == 0) return VMMT_OK;
         st = vmmt__pool_read_table(p);
+        if (st != VMMT_OK && p->failed)
+            return vmmt__fail(VMMT_EFAILED,
+                              "the pool is quarantined (%s) and whether publish copies still "
+                              "queued on the callers' streams have finished cannot be known "
+                              "(%s); its memory stays mapped: synchronize those streams and "
+                              "call vmmt_pool_shutdown again",
+                              p->failure, vmmt_last_error());
         if (st != VMMT_OK) return st;
         if (copies_landed(p)) return VMMT_OK;
         if (vmmt__deadline_passed(until))
