@@ -202,6 +202,8 @@ static void dead_producer(struct fixture *f, int device_table)
     t0 = vmmt__now_us();
     kill_producer(&p);
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    print_message("%s table: consumer stream free %.1f ms after the producer was killed\n",
+                  device_table ? "device" : "host", (vmmt__now_us() - t0) / 1e3);
     assert_true(vmmt__now_us() - t0 < 3e6);
     assert_int_equal(vmmt_consumer_check(f->consumer, &p.d[2]), VMMT_EFAILED);
     assert_error_contains("exited before the bytes of this descriptor");
@@ -212,6 +214,8 @@ static void dead_producer(struct fixture *f, int device_table)
     assert_error_contains("has exited");
     /* Let go once its copies are done; what failed is still known. */
     assert_int_equal(wait_pool_count(f->consumer, 0, 2000), 0);
+    print_message("pool let go %.1f ms after the producer was killed\n",
+                  (vmmt__now_us() - t0) / 1e3);
     assert_int_equal(vmmt_consumer_check(f->consumer, &p.d[2]), VMMT_EFAILED);
     assert_int_equal(
         vmmt_consume(f->consumer, &p.d[1], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
@@ -251,12 +255,67 @@ static void test_destroy_bounded_after_producer_death(void **state)
     assert_vmmt_ok(vmmt_consumer_create(NULL, &f->consumer));
 }
 
+struct killer {
+    pid_t pid;
+    long delay_ms;
+    pthread_t thread;
+};
+
+static void *kill_later(void *arg)
+{
+    struct killer *k = arg;
+    sleep_ms(k->delay_ms);
+    kill(k->pid, SIGKILL);
+    return NULL;
+}
+
+/*
+ * The legacy stream: a consume whose wait on it blocks (the emulator runs
+ * the NULL stream on the caller's thread, as a synchronous GPU call would
+ * block) returns once the producer is found dead; destroy stays bounded.
+ */
+static void test_dead_producer_null_stream(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_consumer_config cc;
+    struct producer p;
+    struct killer k;
+    double t0;
+
+    if (!on_emu()) skip(); /* on a GPU the NULL stream does not block the call */
+    vmmt_consumer_destroy(f->consumer);
+    vmmt_consumer_config_init(&cc);
+    cc.timeout_ms = 1000;
+    assert_vmmt_ok(vmmt_consumer_create(&cc, &f->consumer));
+    spawn_producer(&p, 0);
+    k.pid = p.pid;
+    k.delay_ms = 100;
+    pthread_create(&k.thread, NULL, kill_later, &k);
+    t0 = vmmt__now_us();
+    assert_vmmt_ok(vmmt_consume(f->consumer, &p.d[2], 0, f->dst, f->cap, NULL, VMMT_ALL_RANKS, 0));
+    assert_true(vmmt__now_us() - t0 < 2e6);
+    pthread_join(k.thread, NULL);
+    assert_int_equal(vmmt_consumer_check(f->consumer, &p.d[2]), VMMT_EFAILED);
+    assert_int_equal(tu_wait(p.pid, 5000), -1);
+    close(p.sock);
+    t0 = vmmt__now_us();
+    vmmt_consumer_destroy(f->consumer);
+    assert_true(vmmt__now_us() - t0 < 1500e3);
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &f->consumer));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(test_no_eviction_under_queued_copy), T(test_failed_unmap_on_eviction_is_retried),
-        T(test_device_table_pool_evicted),     T(test_dead_producer_host_table),
-        T(test_dead_producer_device_table),    T(test_destroy_bounded_after_producer_death),
+        /* clang-format off */
+        T(test_no_eviction_under_queued_copy),
+        T(test_failed_unmap_on_eviction_is_retried),
+        T(test_device_table_pool_evicted),
+        T(test_dead_producer_host_table),
+        T(test_dead_producer_device_table),
+        T(test_destroy_bounded_after_producer_death),
+        T(test_dead_producer_null_stream),
+        /* clang-format on */
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
