@@ -47,6 +47,15 @@ int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out
     return VMMT_OK;
 }
 
+/* Free what the import holds on the host; its device objects are released or leaked already. */
+static void forget(struct imported *ip)
+{
+    if (ip->pidfd >= 0) close(ip->pidfd);
+    pthread_mutex_destroy(&ip->poll_lock);
+    free(ip->slots);
+    free(ip);
+}
+
 /*
  * Undo an import, each step at most once and in an order that can be
  * retried: a step that fails leaves everything after it in place, and the
@@ -89,11 +98,7 @@ static int release_pool(struct imported *ip)
         vmmt__ctrl_release(&ip->ctrl); /* logs what it cannot undo */
         vmmt__ctx_leave();
     }
-    if (ip->pidfd >= 0) close(ip->pidfd);
-    ip->pidfd = -1;
-    pthread_mutex_destroy(&ip->poll_lock);
-    free(ip->slots);
-    free(ip);
+    forget(ip);
     return VMMT_OK;
 }
 
@@ -420,6 +425,7 @@ void vmmt_consumer_destroy(vmmt_consumer *c)
                       "were still queued after %d ms; its mapping is kept (leaked) rather "
                       "than unmapped under them",
                       ip->users, ip->geometry.producer_pid, c->cfg.timeout_ms);
+            forget(ip);
             continue;
         }
         if (release_pool(ip) != VMMT_OK) retire_failed(c, ip, "releasing");
@@ -432,6 +438,7 @@ void vmmt_consumer_destroy(vmmt_consumer *c)
                   "vmmt_consumer_destroy: the pool of producer pid %d could not be released; "
                   "what is left of it is leaked",
                   ip->geometry.producer_pid);
+        forget(ip);
     }
     if (abandoned > 0)
         vmmt__log(VMMT_LOG_ERROR,
