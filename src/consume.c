@@ -312,11 +312,12 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
     return host_wait(c, rq, word);
 }
 
+/* The acker saw a copy complete; the last access to ip (it may be let go right after). */
 static void deferred_ack_done(void *arg)
 {
     struct imported *ip = arg;
 
-    vmmt__cache_unuse(ip->owner, ip);
+    __atomic_sub_fetch(&ip->copies, 1, __ATOMIC_RELEASE);
 }
 
 /*
@@ -326,9 +327,8 @@ static void deferred_ack_done(void *arg)
  */
 static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
 {
-    pthread_mutex_lock(&c->lock);
-    rq->pool->users++;
-    pthread_mutex_unlock(&c->lock);
+    /* The call still counts as a user, so the pool cannot go before this. */
+    __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
     return vmmt__acker_defer(c->acker, rq->pool->device, s, NULL, 0, 0, deferred_ack_done,
                              rq->pool);
 }
@@ -356,9 +356,7 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
                 vmmt__ctrl_store_newer(&first[r], rq->d.generation);
             return VMMT_OK;
         }
-        pthread_mutex_lock(&c->lock);
-        rq->pool->users++;
-        pthread_mutex_unlock(&c->lock);
+        __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
         st = vmmt__acker_defer(c->acker, rq->pool->device, s, first, rq->count, rq->d.generation,
                                deferred_ack_done, rq->pool);
         return st;

@@ -49,13 +49,15 @@ struct imported {
     struct vmmt__ctrl ctrl;
     CUdeviceptr table; /* the control table as streams address it */
     struct slot_state *slots;
+    int users; /* consume and ack calls using the mapping (lock held) */
     /*
-     * Consume and ack calls using the mapping, and copies out of it not yet
-     * known complete (each copy is followed by an event the acker watches;
-     * its acknowledgement, if any, is written then). Never unmapped while
-     * nonzero: a queued copy would read unmapped memory.
+     * Copies out of the pool not yet known complete: each is followed by an
+     * event the acker watches, and its acknowledgement, if any, is written
+     * then. Atomic: the acker lowers it without the consumer's lock, so that
+     * an eviction may flush the acker while holding that lock. Never unmapped
+     * while nonzero: a queued copy would read unmapped memory.
      */
-    int users;
+    int copies;
     int open_groups;     /* packed groups partly consumed: their progress lives here */
     uint64_t last_used;  /* consumer->clock at the last consume or ack */
     uint64_t serial;     /* names this import to the producer watch (never reused) */

@@ -252,6 +252,11 @@ static struct imported *find(vmmt_consumer *c, const uint8_t id[16], int device,
     return NULL;
 }
 
+static int copies(const struct imported *ip)
+{
+    return __atomic_load_n(&ip->copies, __ATOMIC_ACQUIRE);
+}
+
 /*
  * Can ip be let go without harm? No call uses it, every copy out of it is
  * known complete (its event was seen; its acknowledgement is written), and no
@@ -260,7 +265,7 @@ static struct imported *find(vmmt_consumer *c, const uint8_t id[16], int device,
  */
 static int idle(const struct imported *ip)
 {
-    return ip->users == 0 && (ip->open_groups == 0 || ip->dead);
+    return ip->users == 0 && copies(ip) == 0 && (ip->open_groups == 0 || ip->dead);
 }
 
 /*
@@ -274,8 +279,14 @@ static void evict_idle(vmmt_consumer *c)
 
     retry_retired(c);
     if (c->cfg.max_pools == 0 || c->count <= c->cfg.max_pools) return;
-    for (struct imported **pp = &c->pools; *pp != NULL; pp = &(*pp)->next)
-        if (idle(*pp) && (victim == NULL || (*pp)->last_used < (*victim)->last_used)) victim = pp;
+    for (int pass = 0; pass < 2 && victim == NULL; pass++) {
+        /* Copies that finished a moment ago count as done once the acker has
+         * seen them; it never takes the consumer's lock, so it can be asked. */
+        if (pass == 1) vmmt__acker_flush(c->acker);
+        for (struct imported **pp = &c->pools; *pp != NULL; pp = &(*pp)->next)
+            if (idle(*pp) && (victim == NULL || (*pp)->last_used < (*victim)->last_used))
+                victim = pp;
+    }
     if (victim == NULL) {
         vmmt__log(VMMT_LOG_DEBUG,
                   "%d pools imported, max_pools=%d: none is idle (copies queued), so "
@@ -358,12 +369,12 @@ int vmmt_consumer_evict(vmmt_consumer *c, const uint8_t pool_id[16], int device)
     pthread_mutex_lock(&c->lock);
     retry_retired(c);
     ip = find(c, pool_id, device, &link);
-    if (ip != NULL && ip->users > 0) {
+    if (ip != NULL && (ip->users > 0 || copies(ip) > 0)) {
         st = vmmt__fail(VMMT_ESTATE,
                         "cannot evict the pool: %d consume or acknowledge call(s), or copies "
                         "out of it not yet finished, are using it; synchronize the streams that "
                         "consumed from it and evict again",
-                        ip->users);
+                        ip->users + copies(ip));
     } else if (ip != NULL && !idle(ip)) {
         st = vmmt__fail(VMMT_ESTATE,
                         "cannot evict the pool: %d packed group(s) are partly consumed in this "
@@ -419,12 +430,12 @@ void vmmt_consumer_destroy(vmmt_consumer *c)
     while (c->pools != NULL) {
         struct imported *ip = c->pools;
         c->pools = ip->next;
-        if (ip->users > 0) {
+        if (ip->users > 0 || copies(ip) > 0) {
             vmmt__log(VMMT_LOG_ERROR,
                       "vmmt_consumer_destroy: %d copies out of the pool of producer pid %d "
                       "were still queued after %d ms; its mapping is kept (leaked) rather "
                       "than unmapped under them",
-                      ip->users, ip->geometry.producer_pid, c->cfg.timeout_ms);
+                      ip->users + copies(ip), ip->geometry.producer_pid, c->cfg.timeout_ms);
             forget(ip);
             continue;
         }
