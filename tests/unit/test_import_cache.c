@@ -208,6 +208,11 @@ static void dead_producer(struct fixture *f, int device_table)
     assert_int_equal(vmmt_consumer_check(f->consumer, &p.d[2]), VMMT_EFAILED);
     assert_error_contains("exited before the bytes of this descriptor");
     assert_vmmt_ok(vmmt_consumer_check(f->consumer, &p.d[0]));
+    assert_int_equal(vmmt_consumer_check(NULL, &p.d[0]), VMMT_EINVAL);
+    assert_int_equal(vmmt_consumer_check(f->consumer, NULL), VMMT_EINVAL);
+    p.d[0].bytes[300] ^= 0xff; /* corrupt */
+    assert_int_equal(vmmt_consumer_check(f->consumer, &p.d[0]), VMMT_EPROTO);
+    p.d[0].bytes[300] ^= 0xff;
     assert_int_equal(
         vmmt_consume(f->consumer, &p.d[1], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
         VMMT_ECLOSED);
