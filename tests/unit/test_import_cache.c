@@ -309,6 +309,26 @@ static void test_dead_producer_null_stream(void **state)
     assert_vmmt_ok(vmmt_consumer_create(NULL, &f->consumer));
 }
 
+/*
+ * Caught (issue 9): destroy waited for the events of copies behind a stream
+ * that never moves (on the emulator until its wait timeout, here 5 s; on a
+ * GPU for ever). In a child process: the mapping it keeps is leaked on
+ * purpose.
+ */
+static void test_destroy_bounded_with_wedged_stream(void **state)
+{
+    char arg[] = "300";
+    char *argv[] = {arg, NULL};
+    pid_t pid;
+
+    (void)state;
+    setenv("VMMT_EMU_WAIT_TIMEOUT_MS", "5000", 1);
+    pid = tu_spawn("wedged_consumer", argv, -1);
+    unsetenv("VMMT_EMU_WAIT_TIMEOUT_MS");
+    assert_true(pid > 0);
+    assert_int_equal(tu_wait(pid, 4000), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -320,6 +340,7 @@ int main(void)
         T(test_dead_producer_device_table),
         T(test_destroy_bounded_after_producer_death),
         T(test_dead_producer_null_stream),
+        T(test_destroy_bounded_with_wedged_stream),
         /* clang-format on */
     };
     tu_use_test_driver();
