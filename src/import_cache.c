@@ -59,9 +59,9 @@ static void forget(struct imported *ip)
 /*
  * Undo an import, each step at most once and in an order that can be
  * retried: a step that fails leaves everything after it in place, and the
- * import (already out of the cache) is retried later. The mapping goes first
- * so that the control table it depends on for nothing outlives it; nothing a
- * later consume could use is ever released while the import stays cached.
+ * import (already out of the cache, so no consume can see it half released)
+ * is retried later. The mapping goes first: it is the device memory, the
+ * costly part, and nothing else needs it gone before itself.
  */
 static int release_pool(struct imported *ip)
 {
@@ -102,7 +102,7 @@ static int release_pool(struct imported *ip)
     return VMMT_OK;
 }
 
-/* Every import torn down or on the retired list is named by its producer in messages. */
+/* A teardown failed: say so, and keep the import aside for a retry; lock held. */
 static void retire_failed(vmmt_consumer *c, struct imported *ip, const char *why)
 {
     vmmt__log(VMMT_LOG_ERROR,
@@ -230,9 +230,12 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
     ip->next = c->pools;
     c->pools = ip;
     c->count++;
-    /* Without a watch the pool still works; only a death goes unnoticed. */
+    /* Without the watch the pool still works; a death is then noticed only
+     * by later calls on the pool (consume, check, destroy). */
     if (ip->pidfd >= 0 && vmmt__watch_add(c, ip) != VMMT_OK)
-        vmmt__log(VMMT_LOG_WARN, "the death of producer pid %d will go unnoticed: %s",
+        vmmt__log(VMMT_LOG_WARN,
+                  "the death of producer pid %d will be noticed only by later calls on its "
+                  "pool: %s",
                   d->producer_pid, vmmt_last_error());
     *out = ip;
     return VMMT_OK;
