@@ -344,10 +344,13 @@ typedef struct vmmt_consumer_config {
     int timeout_ms; /* broker fetch, and waits for a ready flag on the host; default 5000 */
     /*
      * Imported pools kept at most; importing one more evicts the least
-     * recently used idle pool whose last copies are known to be done (every
-     * acknowledgement written, which is the case for pools with a shared host
-     * control table). A pool of a producer that restarted is thus let go
-     * instead of holding its device memory forever. Default 16; 0: no limit.
+     * recently used idle pool: no copy out of it still queued (each copy is
+     * followed by an event the consumer watches) and no packed group half
+     * consumed. Where none is idle, eviction waits for a later call, so the
+     * count may exceed this while copies are queued; a pool is never unmapped
+     * under a queued copy. A pool of a producer that restarted is thus let go
+     * instead of holding its device memory forever; a pool whose producer
+     * died is let go once idle whatever the count. Default 16; 0: no limit.
      */
     int max_pools;
 } vmmt_consumer_config;
@@ -375,15 +378,36 @@ VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, i
                                void *stream, int rank_first, int rank_count);
 
 /*
- * Unmap a pool and forget it. Streams that consumed from it must be
- * synchronized first. VMMT_OK if it was not cached.
+ * Were the bytes a consume copied really the producer's? VMMT_OK, or
+ * VMMT_EFAILED when the producer died before its copy into the slice was
+ * done (its ready flag never set): the consumer then set the flag itself so
+ * that its stream is not blocked for ever, and what landed at dst is not the
+ * buffer. Call it after synchronizing the consume's stream, before using the
+ * bytes, wherever producers may die. A consumer learns of a producer's death
+ * through the broker connection (POSIX_FD pools); consumes of such a pool
+ * then fail with VMMT_ECLOSED, and the pool is let go once its copies are
+ * done. Thread-safe.
+ */
+VMMT_API int vmmt_consumer_check(vmmt_consumer *consumer, const vmmt_desc *desc);
+
+/*
+ * Unmap a pool and forget it. VMMT_ESTATE while a call uses it, a copy out of
+ * it has not finished (synchronize the streams that consumed from it) or a
+ * packed group of it is half consumed. VMMT_OK if it was not cached. A
+ * release that fails is retried later; the pool is never used again.
  */
 VMMT_API int vmmt_consumer_evict(vmmt_consumer *consumer, const uint8_t pool_id[16], int device);
 
 /* Pools currently imported. */
 VMMT_API int vmmt_consumer_pool_count(vmmt_consumer *consumer);
 
-/* Evict every pool and free. NULL is allowed. */
+/*
+ * Evict every pool and free. NULL is allowed. Bounded by timeout_ms: the
+ * ready flags of dead producers are set first so that no stream of ours
+ * waits on them; acknowledgements whose copies finish within the timeout are
+ * written; a pool with a copy still queued after it stays mapped (leaked,
+ * logged) rather than being unmapped under the copy.
+ */
 VMMT_API void vmmt_consumer_destroy(vmmt_consumer *consumer);
 
 #ifdef __cplusplus

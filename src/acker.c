@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "clock.h"
 #include "ctrl.h"
 #include "driver.h"
 #include "status.h"
@@ -219,6 +220,38 @@ void vmmt__acker_flush(struct vmmt__acker *a)
     pthread_mutex_unlock(&a->lock);
 }
 
+int vmmt__acker_finish(struct vmmt__acker *a, int timeout_ms)
+{
+    struct timespec until, pause = {0, 100000};
+    int abandoned = 0;
+
+    pthread_mutex_lock(&a->lock);
+    a->stop = 1;
+    pthread_cond_broadcast(&a->wake);
+    pthread_mutex_unlock(&a->lock);
+    if (a->started) pthread_join(a->thread, NULL);
+    a->started = 0;
+    /* Polled, not synchronized: an event behind a wedged stream must not hold us. */
+    vmmt__deadline(&until, (int64_t)timeout_ms * 1000);
+    pthread_mutex_lock(&a->lock);
+    while (a->pending != NULL) {
+        sweep(a);
+        if (a->pending == NULL || vmmt__deadline_passed(&until)) break;
+        pthread_mutex_unlock(&a->lock);
+        nanosleep(&pause, NULL);
+        pthread_mutex_lock(&a->lock);
+    }
+    while (a->pending != NULL) {
+        struct pending *p = a->pending;
+        a->pending = p->next;
+        p->next = a->spare;
+        a->spare = p;
+        abandoned++;
+    }
+    pthread_mutex_unlock(&a->lock);
+    return abandoned;
+}
+
 void vmmt__acker_destroy(struct vmmt__acker *a)
 {
     const struct vmmt_drv *d = vmmt__drv();
@@ -245,8 +278,14 @@ void vmmt__acker_destroy(struct vmmt__acker *a)
         struct pending *p = a->spare;
         a->spare = p->next;
         if (vmmt__ctx_enter(p->device) == VMMT_OK) {
-            d->cuEventDestroy(p->ev);
+            CUresult r = d->cuEventDestroy(p->ev);
+            if (r != CUDA_SUCCESS)
+                vmmt__log(VMMT_LOG_ERROR,
+                          "cuEventDestroy of an acknowledgement event failed (%s); leaked",
+                          vmmt__cu_name(r));
             vmmt__ctx_leave();
+        } else {
+            vmmt__log(VMMT_LOG_ERROR, "no context to destroy an acknowledgement event in; leaked");
         }
         free(p);
     }

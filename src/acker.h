@@ -32,4 +32,11 @@ int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32
 /* Write now, in the caller's thread, every acknowledgement whose event has completed. */
 void vmmt__acker_flush(struct vmmt__acker *a);
 
+/*
+ * Before destroy: stop the thread, then write every acknowledgement whose
+ * copy completes within timeout_ms. The others are dropped unwritten (their
+ * done is not called: the pool stays in use) and counted in the result.
+ */
+int vmmt__acker_finish(struct vmmt__acker *a, int timeout_ms);
+
 #endif

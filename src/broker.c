@@ -21,6 +21,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -1007,8 +1008,8 @@ static int reply_status(const struct reply *rp, const char *where, const uint8_t
     return VMMT_OK;
 }
 
-int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
-                           int timeout_ms, int *fds_out, int want)
+static int fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
+                     int timeout_ms, int *fds_out, int want, int *pidfd_out)
 {
     char where[4 * sizeof addr->name + 2];
     struct reply rp;
@@ -1046,11 +1047,49 @@ int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t p
     /* Handed over: the caller owns them now, so the cleanup below must not close them. */
     memcpy(fds_out, rp.fds, sizeof(int) * (size_t)want);
     rp.nfds = 0;
+    if (pidfd_out != NULL) *pidfd_out = vmmt__broker_peer_pidfd(s);
 out:
     for (int i = 0; i < rp.nfds; i++)
         close(rp.fds[i]);
     close_fd(&s);
     return st;
+}
+
+int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
+                           int timeout_ms, int *fds_out, int want)
+{
+    return fetch_fds(addr, pool_id, timeout_ms, fds_out, want, NULL);
+}
+
+/*
+ * The process at the other end of a connected socket, as a pidfd, or -1.
+ * SO_PEERPIDFD (Linux 6.5) names the very process; before it, SO_PEERCRED's
+ * pid opened at once, while the connection is fresh (a pid recycled in the
+ * microseconds between is not a practical risk). 0 from SO_PEERCRED means a
+ * peer in a pid namespace this process cannot see: no pidfd then.
+ */
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+int vmmt__broker_peer_pidfd(int sock)
+{
+    struct ucred cr;
+    socklen_t len;
+    int fd = -1;
+
+    len = sizeof fd;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) return fd;
+    len = sizeof cr;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || cr.pid <= 0) return -1;
+    fd = (int)syscall(SYS_pidfd_open, (pid_t)cr.pid, 0);
+    return fd >= 0 ? fd : -1;
+}
+
+int vmmt__broker_fetch_fds_pidfd(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
+                                 int timeout_ms, int *fds_out, int want, int *pidfd_out)
+{
+    if (pidfd_out != NULL) *pidfd_out = -1;
+    return fetch_fds(addr, pool_id, timeout_ms, fds_out, want, pidfd_out);
 }
 
 int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],

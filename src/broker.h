@@ -57,6 +57,17 @@ void vmmt__broker_stop(struct vmmt__broker *b);
 int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
                            int timeout_ms, int *fds_out, int want);
 
+/*
+ * vmmt__broker_fetch_fds that also gives, in *pidfd_out, a pidfd of the
+ * serving process (the producer: the broker is its thread), or -1 where none
+ * can be had. The consumer watches it to learn of the producer's death.
+ */
+int vmmt__broker_fetch_fds_pidfd(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
+                                 int timeout_ms, int *fds_out, int want, int *pidfd_out);
+
+/* The process at the other end of a connected AF_UNIX socket as a pidfd (CLOEXEC), or -1. */
+int vmmt__broker_peer_pidfd(int sock);
+
 /* vmmt__broker_fetch_fds for a broker that serves one fd. *fd_out is -1 on failure. */
 int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
                        int timeout_ms, int *fd_out);

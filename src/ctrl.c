@@ -99,10 +99,15 @@ void vmmt__ctrl_release(struct vmmt__ctrl *c)
     struct vmmt__saved_error e;
 
     vmmt__error_save(&e);
+    /* Still registered, the pages must stay mapped: unmapped, their addresses
+     * could be mapped again and meet the stale registration. */
     if (c->registered && d != NULL && d->cuMemHostUnregister(c->host) != CUDA_SUCCESS)
-        vmmt__log(VMMT_LOG_WARN, "unregistering the control table failed");
+        vmmt__log(VMMT_LOG_ERROR,
+                  "unregistering the control table failed; its %zu bytes stay mapped (leaked)",
+                  c->bytes);
+    else if (c->host != NULL)
+        munmap(c->host, c->bytes);
     c->registered = 0;
-    if (c->host != NULL) munmap(c->host, c->bytes);
     c->host = NULL;
     c->dev = 0;
     if (c->fd >= 0) close(c->fd);

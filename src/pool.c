@@ -278,18 +278,32 @@ static void release_all(struct vmmt_pool *p)
     pthread_mutex_unlock(&p->lock);
     vmmt__broker_stop(b);
     if (d != NULL && vmmt__ctx_enter(p->device) == VMMT_OK) {
+        /* A release that fails leaks what it held; say so, then go on with the rest. */
         if (p->stream != NULL) {
-            d->cuStreamSynchronize(p->stream);
-            d->cuStreamDestroy(p->stream);
+            CUresult r = d->cuStreamSynchronize(p->stream);
+            if (r != CUDA_SUCCESS)
+                vmmt__log(VMMT_LOG_WARN, "synchronizing the recycler's stream failed (%s)",
+                          vmmt__cu_name(r));
+            r = d->cuStreamDestroy(p->stream);
+            if (r != CUDA_SUCCESS)
+                vmmt__log(VMMT_LOG_ERROR, "releasing the recycler's stream failed (%s); leaked",
+                          vmmt__cu_name(r));
             p->stream = NULL;
         }
-        if (p->host_table)
+        if (p->host_table) {
             vmmt__ctrl_release(&p->ctrl);
-        else if (p->table_host != NULL)
-            d->cuMemFreeHost(p->table_host);
+        } else if (p->table_host != NULL) {
+            CUresult r = d->cuMemFreeHost(p->table_host);
+            if (r != CUDA_SUCCESS)
+                vmmt__log(VMMT_LOG_ERROR,
+                          "cuMemFreeHost of the recycler's table copy failed (%s); leaked",
+                          vmmt__cu_name(r));
+        }
         p->table_host = NULL;
-        if (vmmt__mapping_release(&p->map) != VMMT_OK)
-            vmmt__log(VMMT_LOG_ERROR, "releasing the pool's device memory failed: %s",
+        /* Each step of a mapping's release is done at most once: a second try
+         * resumes where the first failed. */
+        if (vmmt__mapping_release(&p->map) != VMMT_OK && vmmt__mapping_release(&p->map) != VMMT_OK)
+            vmmt__log(VMMT_LOG_ERROR, "releasing the pool's device memory failed twice: %s; leaked",
                       vmmt_last_error());
         vmmt__ctx_leave();
     }
@@ -445,17 +459,27 @@ static int copies_landed(const struct vmmt_pool *p)
 /*
  * Stream-ordered publishes return with their copy into the pool still queued
  * on the caller's stream; unmapping under it would fault that stream. Wait
- * until every ready word shows its copy finished.
+ * until every ready word shows its copy finished. A quarantined pool is no
+ * exception: where the table cannot be read, whether the copies are done
+ * cannot be known, and the memory stays mapped until a later shutdown can
+ * tell.
  */
 static int wait_copies(struct vmmt_pool *p, const struct timespec *until)
 {
     struct timespec pause = {0, 50000};
     int st;
 
-    if (p->failed || p->handoff != VMMT_HANDOFF_STREAM) return VMMT_OK;
+    if (p->handoff != VMMT_HANDOFF_STREAM) return VMMT_OK;
     for (;;) {
         if (p->in_flight == 0) return VMMT_OK;
         st = vmmt__pool_read_table(p);
+        if (st != VMMT_OK && p->failed)
+            return vmmt__fail(VMMT_EFAILED,
+                              "the pool is quarantined (%s) and whether publish copies still "
+                              "queued on the callers' streams have finished cannot be known "
+                              "(%s); its memory stays mapped: synchronize those streams and "
+                              "call vmmt_pool_shutdown again",
+                              p->failure, vmmt_last_error());
         if (st != VMMT_OK) return st;
         if (copies_landed(p)) return VMMT_OK;
         if (vmmt__deadline_passed(until))

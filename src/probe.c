@@ -88,7 +88,8 @@ static void probe_candidate(const struct vmmt_drv *d, int device, int imex, vmmt
         return;
     }
     if (c->type != VMMT_HANDLE_NONE) try_export(d, h, c);
-    d->cuMemRelease(h);
+    if (d->cuMemRelease(h) != CUDA_SUCCESS)
+        vmmt__log(VMMT_LOG_ERROR, "probe: cuMemRelease of the test allocation failed; leaked");
     c->works = c->cause[0] == '\0';
     if (c->works && c->type == VMMT_HANDLE_NONE)
         snprintf(c->cause, sizeof c->cause,
@@ -168,6 +169,18 @@ static void choose(vmmt_device_probe *p)
         snprintf(p->reason, sizeof p->reason, "no shareable handle type works");
 }
 
+/* The probe's test mappings: a release that fails leaks, and says so. */
+static void release_logged(struct vmmt__mapping *m)
+{
+    struct vmmt__saved_error e;
+
+    vmmt__error_save(&e); /* the probe reports the cause it found, not this */
+    if (vmmt__mapping_release(m) != VMMT_OK)
+        vmmt__log(VMMT_LOG_ERROR, "probe: releasing a test mapping failed (%s); leaked",
+                  vmmt_last_error());
+    vmmt__error_restore(&e);
+}
+
 /*
  * Stream-ordered hand-off needs a consumer's stream to wait on a word of an
  * imported allocation. Try exactly that: export one unit of the selected
@@ -202,10 +215,11 @@ static void probe_stream_wait(const struct vmmt_drv *d, vmmt_device_probe *p)
         if (st == VMMT_OK)
             st = VMMT_CU(d, cuStreamWaitValue32(s, imp.base, 0, CU_STREAM_WAIT_VALUE_GEQ));
         if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(s));
-        if (s != NULL) d->cuStreamDestroy(s);
-        vmmt__mapping_release(&imp);
+        if (s != NULL && d->cuStreamDestroy(s) != CUDA_SUCCESS)
+            vmmt__log(VMMT_LOG_ERROR, "probe: cuStreamDestroy of the test stream failed; leaked");
+        release_logged(&imp);
     }
-    vmmt__mapping_release(&src);
+    release_logged(&src);
 out:
     p->stream_wait_imported = st == VMMT_OK;
     if (st != VMMT_OK)

@@ -117,11 +117,19 @@ int vmmt_pool_reclaim(vmmt_pool *p, uint32_t *freed)
  */
 #define GRACE_INTERVALS 256
 
+/*
+ * Failed table reads in a row before the pool is quarantined. A read only
+ * copies the table into the recycler's own buffer and frees nothing, so
+ * trying again is harmless; a device or context that is really broken keeps
+ * failing and is quarantined a few intervals later.
+ */
+#define READ_RETRIES 3
+
 static void *recycler_main(void *arg)
 {
     struct vmmt_pool *p = arg;
     struct timespec next;
-    int quiet = 0;
+    int quiet = 0, failures = 0;
 
     pthread_mutex_lock(&p->lock);
     while (!p->stop) {
@@ -140,8 +148,13 @@ static void *recycler_main(void *arg)
         pthread_mutex_unlock(&p->lock);
         /* A failed table read means the device or context is broken: nothing
          * can be recycled safely any more. */
-        if (vmmt__pool_reclaim(p, NULL) != VMMT_OK) {
-            vmmt__wrap(VMMT_EFAILED, "background recycling");
+        if (vmmt__pool_reclaim(p, NULL) == VMMT_OK) {
+            failures = 0;
+        } else if (++failures < READ_RETRIES) {
+            vmmt__log(VMMT_LOG_WARN, "background recycling failed (%s); retrying (%d of %d)",
+                      vmmt_last_error(), failures, READ_RETRIES - 1);
+        } else {
+            vmmt__wrap(VMMT_EFAILED, "background recycling, %d times in a row", failures);
             vmmt__pool_quarantine(p);
         }
         pthread_mutex_lock(&p->lock);

@@ -1,244 +1,21 @@
 /*
- * The consumer: a per-process cache of imported pools, and consume/ack.
- * The first consume of a pool fetches its handle (from the broker, or the
- * FABRIC handle inside the descriptor), imports and maps it for the
- * consumer's device. Later consumes cost one wait, one copy and one
- * acknowledgement write per rank, all enqueued on the caller's stream.
+ * Consume and acknowledge. Once a pool is imported (import_cache.c), a
+ * consume costs one wait, one copy and one acknowledgement per rank, all
+ * enqueued on the caller's stream.
  */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "acker.h"
-#include "broker.h"
 #include "clock.h"
+#include "consumer_internal.h"
 #include "ctrl.h"
 #include "desc.h"
 #include "driver.h"
 #include "status.h"
-#include "vmm.h"
-
-/*
- * A packed group being consumed for one rank range: which members are done
- * and the stream they were copied on. Its acknowledgement goes on that
- * stream after the last member, so it can never overtake a member's copy.
- */
-struct pack_group {
-    uint32_t first, count;
-    uint64_t members;
-    CUstream stream;
-};
-
-#define PACK_GROUPS 4
-
-/* What this process has done with one slot's current occupant. */
-struct slot_state {
-    uint32_t generation;
-    uint64_t ranks_acked[VMMT__MAX_CONSUMERS / 64];
-    struct pack_group groups[PACK_GROUPS];
-};
-
-struct imported {
-    struct vmmt_consumer *owner;
-    struct vmmt__desc geometry; /* the pool-wide fields of the first descriptor */
-    int device;
-    struct vmmt__mapping map;
-    int host_table; /* the control table is the shared memfd in ctrl, read and written by CPU */
-    struct vmmt__ctrl ctrl;
-    CUdeviceptr table; /* the control table as streams address it */
-    struct slot_state *slots;
-    int users; /* consume and ack calls using the mapping, and acknowledgements not yet written */
-    uint64_t last_used; /* consumer->clock at the last consume or ack */
-    /* Host polling of ready words where a stream may not wait on them. */
-    pthread_mutex_t poll_lock;
-    CUstream poll_stream;
-    uint32_t *poll_word;
-    struct imported *next;
-};
-
-struct vmmt_consumer {
-    vmmt_consumer_config cfg;
-    uint64_t clock;            /* counts consume and ack calls, for least-recently-used eviction */
-    struct vmmt__acker *acker; /* acknowledgements of shared-host-table pools */
-    pthread_mutex_t lock;
-    struct imported *pools;
-    int count;
-};
-
-void vmmt_consumer_config_init(vmmt_consumer_config *c)
-{
-    memset(c, 0, sizeof *c);
-    c->timeout_ms = 5000;
-    c->max_pools = 16;
-}
-
-int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out)
-{
-    vmmt_consumer *c;
-
-    if (out == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_create: out is NULL");
-    c = calloc(1, sizeof *c);
-    if (c == NULL) return vmmt__fail(VMMT_ENOMEM, "vmmt_consumer_create: no host memory");
-    if (config != NULL)
-        c->cfg = *config;
-    else
-        vmmt_consumer_config_init(&c->cfg);
-    if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = 5000;
-    if (c->cfg.max_pools < 0) c->cfg.max_pools = 0;
-    if (vmmt__acker_create(&c->acker) != VMMT_OK) {
-        free(c);
-        return vmmt_last_status();
-    }
-    pthread_mutex_init(&c->lock, NULL);
-    *out = c;
-    return VMMT_OK;
-}
-
-static int release_pool(struct imported *ip)
-{
-    const struct vmmt_drv *d = vmmt__drv();
-    int st;
-
-    if ((ip->poll_stream != NULL || ip->host_table) && vmmt__ctx_enter(ip->device) == VMMT_OK) {
-        if (ip->poll_stream != NULL) {
-            d->cuStreamSynchronize(ip->poll_stream);
-            d->cuStreamDestroy(ip->poll_stream);
-            ip->poll_stream = NULL;
-        }
-        if (ip->poll_word != NULL) d->cuMemFreeHost(ip->poll_word);
-        ip->poll_word = NULL;
-        vmmt__ctrl_release(&ip->ctrl);
-        ip->host_table = 0;
-        vmmt__ctx_leave();
-    }
-    st = vmmt__mapping_release(&ip->map);
-    if (st != VMMT_OK) return st;
-    pthread_mutex_destroy(&ip->poll_lock);
-    free(ip->slots);
-    free(ip);
-    return VMMT_OK;
-}
-
-/* Fetch the allocation's fd (and the shared control table's) from the broker; map both. */
-static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
-{
-    int fds[2] = {-1, -1}, want = ip->host_table ? 2 : 1, st;
-    double t0 = vmmt__now_us(), t1 = t0, t2 = t0;
-
-    st = vmmt__broker_fetch_fds(&d->broker, d->pool_id, c->cfg.timeout_ms, fds, want);
-    t1 = vmmt__now_us();
-    if (st == VMMT_OK)
-        st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
-    t2 = vmmt__now_us();
-    if (st == VMMT_OK && ip->host_table) {
-        st =
-            vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, 0, &ip->ctrl);
-        if (st != VMMT_OK) {
-            struct vmmt__saved_error e;
-            vmmt__error_save(&e);
-            vmmt__mapping_release(&ip->map);
-            vmmt__error_restore(&e);
-        }
-    }
-    for (int i = 0; i < 2; i++)
-        if (fds[i] >= 0) close(fds[i]);
-    /* Where an attach spends its time, for VMMT_LOG=debug. */
-    vmmt__log(VMMT_LOG_DEBUG,
-              "attach of pool from pid %d: broker %.1f us, import+map+access %.1f us, "
-              "control table %.1f us",
-              d->producer_pid, t1 - t0, t2 - t1, vmmt__now_us() - t2);
-    return st;
-}
-
-/* Fetch the handle, import and map; lock held (imports are rare and serial). */
-static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
-                       struct imported **out)
-{
-    struct imported *ip = calloc(1, sizeof *ip);
-    int st;
-
-    if (ip == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory to import a pool");
-    ip->slots = calloc(d->table_slots, sizeof *ip->slots);
-    if (ip->slots == NULL) {
-        free(ip);
-        return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot states", d->table_slots);
-    }
-    ip->owner = c;
-    ip->geometry = *d;
-    ip->device = device;
-    ip->host_table = (d->flags & VMMT__DESC_HOST_TABLE) != 0;
-    ip->ctrl.fd = -1;
-    pthread_mutex_init(&ip->poll_lock, NULL);
-    if (d->handle_type == VMMT_HANDLE_FABRIC) {
-        CUmemFabricHandle f;
-        memcpy(f.data, d->fabric, sizeof f.data);
-        st = vmmt__mapping_import_fabric(device, &f, d->alloc_size, &ip->map);
-    } else {
-        st = import_posix(c, d, ip);
-    }
-    ip->table = ip->host_table ? 0 : ip->map.base + d->table_offset;
-    if (st != VMMT_OK) {
-        pthread_mutex_destroy(&ip->poll_lock);
-        free(ip->slots);
-        free(ip);
-        return vmmt__wrap(st, "importing the pool of producer pid %d (device %d) on device %d",
-                          d->producer_pid, d->producer_device, device);
-    }
-    ip->next = c->pools;
-    c->pools = ip;
-    c->count++;
-    *out = ip;
-    return VMMT_OK;
-}
-
-static struct imported *find(vmmt_consumer *c, const uint8_t id[16], int device,
-                             struct imported ***link)
-{
-    struct imported **pp = &c->pools;
-
-    for (; *pp != NULL; pp = &(*pp)->next) {
-        if ((*pp)->device == device && memcmp((*pp)->geometry.pool_id, id, 16) == 0) {
-            if (link != NULL) *link = pp;
-            return *pp;
-        }
-    }
-    return NULL;
-}
-
-/*
- * Over max_pools: let go of the least recently used pool that nobody uses and
- * whose copies are all known finished. Only pools with a shared host table
- * qualify: their acknowledgements are written after the copies completed,
- * while a device table's are stream writes the CPU never sees land. Lock held.
- */
-static void evict_idle(vmmt_consumer *c)
-{
-    struct imported **victim = NULL;
-
-    if (c->cfg.max_pools == 0 || c->count <= c->cfg.max_pools) return;
-    for (struct imported **pp = &c->pools; *pp != NULL; pp = &(*pp)->next)
-        if ((*pp)->users == 0 && (*pp)->host_table &&
-            (victim == NULL || (*pp)->last_used < (*victim)->last_used))
-            victim = pp;
-    if (victim == NULL) return;
-    {
-        struct imported *ip = *victim, *next = ip->next;
-        struct vmmt__saved_error e;
-        vmmt__error_save(&e);
-        vmmt__log(VMMT_LOG_INFO,
-                  "evicting the least recently used pool (producer pid %d): "
-                  "more than max_pools=%d imported",
-                  ip->geometry.producer_pid, c->cfg.max_pools);
-        if (release_pool(ip) == VMMT_OK) {
-            *victim = next;
-            c->count--;
-        }
-        vmmt__error_restore(&e);
-    }
-}
 
 struct request {
     struct vmmt__desc d;
@@ -341,6 +118,9 @@ static int claim(struct request *rq)
                               "descriptor for slot %u generation %u is stale: this process "
                               "already saw generation %u there",
                               rq->d.slot, rq->d.generation, s->generation);
+        /* A newer occupant: groups of the old one will never complete here. */
+        for (int i = 0; i < PACK_GROUPS; i++)
+            if (s->groups[i].members != 0) rq->pool->open_groups--;
         memset(s, 0, sizeof *s);
         s->generation = rq->d.generation;
     }
@@ -353,11 +133,13 @@ static int claim(struct request *rq)
     g = group_for(s, rq);
     if (g == NULL) return vmmt_last_status();
     if (g->members & bit) return fail_twice(rq);
+    if (g->members == 0) rq->pool->open_groups++;
     g->members |= bit;
     if ((g->members & all) == all) {
         rq->ack_now = 1;
         mark_acked(s, rq->first, rq->count);
         memset(g, 0, sizeof *g);
+        rq->pool->open_groups--;
     }
     return VMMT_OK;
 }
@@ -381,26 +163,16 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
                           "; the buffer needs %" PRIu64,
                           dst_size, dst, rq->d.nbytes);
     pthread_mutex_lock(&c->lock);
-    rq->pool = find(c, rq->d.pool_id, device, NULL);
-    if (rq->pool != NULL)
-        st = vmmt__desc_check_pool(&rq->d, &rq->pool->geometry);
-    else
-        st = import_pool(c, &rq->d, device, &rq->pool);
+    st = vmmt__cache_get(c, &rq->d, device, &rq->pool);
     if (st == VMMT_OK) st = claim(rq);
-    if (st == VMMT_OK) {
-        rq->pool->users++;
-        rq->pool->last_used = ++c->clock;
-        evict_idle(c);
-    }
+    if (st == VMMT_OK) vmmt__cache_use(c, rq->pool);
     pthread_mutex_unlock(&c->lock);
     return st;
 }
 
 static void done(vmmt_consumer *c, struct request *rq)
 {
-    pthread_mutex_lock(&c->lock);
-    rq->pool->users--;
-    pthread_mutex_unlock(&c->lock);
+    vmmt__cache_unuse(c, rq->pool);
 }
 
 /* Read the ready word on the pool's own stream, within the deadline. */
@@ -472,6 +244,13 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
                             v, gen);
             break;
         }
+        if (vmmt__cache_pidfd_exited(ip)) {
+            st = vmmt__fail(VMMT_ECLOSED,
+                            "the producer (pid %d) exited before setting its ready flag to "
+                            "generation %u; nothing was copied: drop the request",
+                            rq->d.producer_pid, gen);
+            break;
+        }
         if (vmmt__deadline_passed(&until)) {
             st = vmmt__fail(VMMT_ETIMEDOUT,
                             "the producer's ready flag did not reach generation %u within %d "
@@ -533,13 +312,25 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
     return host_wait(c, rq, word);
 }
 
+/* The acker saw a copy complete; the last access to ip (it may be let go right after). */
 static void deferred_ack_done(void *arg)
 {
     struct imported *ip = arg;
 
-    pthread_mutex_lock(&ip->owner->lock);
-    ip->users--;
-    pthread_mutex_unlock(&ip->owner->lock);
+    __atomic_sub_fetch(&ip->copies, 1, __ATOMIC_RELEASE);
+}
+
+/*
+ * Keep the pool mapped until the work now on `s` (a copy out of it) has
+ * completed: the acker sees an event after it and lets go. Without this an
+ * eviction could unmap the pool under the queued copy.
+ */
+static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
+{
+    /* The call still counts as a user, so the pool cannot go before this. */
+    __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
+    return vmmt__acker_defer(c->acker, rq->pool->device, s, NULL, 0, 0, deferred_ack_done,
+                             rq->pool);
 }
 
 /*
@@ -565,9 +356,7 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
                 vmmt__ctrl_store_newer(&first[r], rq->d.generation);
             return VMMT_OK;
         }
-        pthread_mutex_lock(&c->lock);
-        rq->pool->users++;
-        pthread_mutex_unlock(&c->lock);
+        __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
         st = vmmt__acker_defer(c->acker, rq->pool->device, s, first, rq->count, rq->d.generation,
                                deferred_ack_done, rq->pool);
         return st;
@@ -576,10 +365,19 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
         CUresult res =
             d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
                                     rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
-        if (res != CUDA_SUCCESS)
-            return vmmt__cu_fail(res, "cuStreamWriteValue32(acknowledgement of rank %u)", r);
+        if (res != CUDA_SUCCESS) {
+            st = vmmt__cu_fail(res, "cuStreamWriteValue32(acknowledgement of rank %u)", r);
+            /* Whatever is queued still reads the pool. */
+            if (after_copy) {
+                struct vmmt__saved_error e;
+                vmmt__error_save(&e);
+                track_copy(c, rq, s);
+                vmmt__error_restore(&e);
+            }
+            return st;
+        }
     }
-    return VMMT_OK;
+    return after_copy ? track_copy(c, rq, s) : VMMT_OK;
 }
 
 int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t dst,
@@ -604,6 +402,9 @@ int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t d
             st = vmmt__cu_fail(r, "cuMemcpyDtoDAsync(%" PRIu64 " bytes out of the pool)",
                                rq.d.nbytes);
     }
+    /* A packed member's copy without the group's acknowledgement yet: the
+     * pool stays mapped until the copy is done. */
+    if (st == VMMT_OK && !rq.ack_now) st = track_copy(c, &rq, (CUstream)stream);
     /* Acknowledge even after a failure, so the producer gets the slice back;
      * the claim above already forbids a retry of this descriptor. */
     if (rq.ack_now) {
@@ -634,60 +435,4 @@ int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void 
     }
     vmmt__ctx_leave();
     return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "vmmt_consumer_ack");
-}
-
-int vmmt_consumer_evict(vmmt_consumer *c, const uint8_t pool_id[16], int device)
-{
-    struct imported **link, *ip;
-    int st = VMMT_OK;
-
-    if (c == NULL || pool_id == NULL)
-        return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_evict: consumer and pool_id are required");
-    /* Acknowledgements whose copies are done hold the pool only until written. */
-    vmmt__acker_flush(c->acker);
-    pthread_mutex_lock(&c->lock);
-    ip = find(c, pool_id, device, &link);
-    if (ip != NULL && ip->users > 0) {
-        st = vmmt__fail(VMMT_ESTATE,
-                        "cannot evict the pool: %d consume or acknowledge call(s) on other "
-                        "threads are using it; evict once they return",
-                        ip->users);
-    } else if (ip != NULL) {
-        struct imported *next = ip->next;
-        st = release_pool(ip);
-        if (st == VMMT_OK) {
-            *link = next;
-            c->count--;
-        }
-    }
-    pthread_mutex_unlock(&c->lock);
-    return st;
-}
-
-int vmmt_consumer_pool_count(vmmt_consumer *c)
-{
-    int n;
-
-    if (c == NULL) return 0;
-    pthread_mutex_lock(&c->lock);
-    n = c->count;
-    pthread_mutex_unlock(&c->lock);
-    return n;
-}
-
-void vmmt_consumer_destroy(vmmt_consumer *c)
-{
-    if (c == NULL) return;
-    /* First every pending acknowledgement: it still uses its pool's table. */
-    vmmt__acker_destroy(c->acker);
-    pthread_mutex_lock(&c->lock);
-    while (c->pools != NULL) {
-        struct imported *ip = c->pools;
-        c->pools = ip->next;
-        if (release_pool(ip) != VMMT_OK)
-            vmmt__log(VMMT_LOG_ERROR, "vmmt_consumer_destroy: %s", vmmt_last_error());
-    }
-    pthread_mutex_unlock(&c->lock);
-    pthread_mutex_destroy(&c->lock);
-    free(c);
 }

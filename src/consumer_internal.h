@@ -1,0 +1,144 @@
+/*
+ * The consumer, shared by import_cache.c (the per-process cache of imported
+ * pools: import, eviction, teardown that can be retried) and consume.c
+ * (consume and acknowledge). consume.c reaches an import only through the
+ * calls below, made with the consumer's lock held.
+ */
+#ifndef VMMT_CONSUMER_INTERNAL_H
+#define VMMT_CONSUMER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "acker.h"
+#include "ctrl.h"
+#include "cuabi.h"
+#include "desc.h"
+#include "vmm.h"
+#include "vmmt.h"
+
+/*
+ * A packed group being consumed for one rank range: which members are done
+ * and the stream they were copied on. Its acknowledgement goes on that
+ * stream after the last member, so it can never overtake a member's copy.
+ */
+struct pack_group {
+    uint32_t first, count;
+    uint64_t members;
+    CUstream stream;
+};
+
+#define PACK_GROUPS 4
+
+/* What this process has done with one slot's current occupant. */
+struct slot_state {
+    uint32_t generation;
+    /* Its producer died before its ready word reached the generation: what
+     * this process copied out of the slot is not the producer's buffer. */
+    int failed;
+    uint64_t ranks_acked[VMMT__MAX_CONSUMERS / 64];
+    struct pack_group groups[PACK_GROUPS];
+};
+
+struct imported {
+    struct vmmt_consumer *owner;
+    struct vmmt__desc geometry; /* the pool-wide fields of the first descriptor */
+    int device;
+    struct vmmt__mapping map;
+    int host_table; /* the control table is the shared memfd in ctrl, read and written by CPU */
+    struct vmmt__ctrl ctrl;
+    CUdeviceptr table; /* the control table as streams address it */
+    struct slot_state *slots;
+    int users; /* consume and ack calls using the mapping (lock held) */
+    /*
+     * Copies out of the pool not yet known complete: each is followed by an
+     * event the acker watches, and its acknowledgement, if any, is written
+     * then. Atomic: the acker lowers it without the consumer's lock, so that
+     * an eviction may flush the acker while holding that lock. Never unmapped
+     * while nonzero: a queued copy would read unmapped memory.
+     */
+    int copies;
+    int open_groups;     /* packed groups partly consumed: their progress lives here */
+    uint64_t last_used;  /* consumer->clock at the last consume or ack */
+    uint64_t serial;     /* names this import to the producer watch (never reused) */
+    int pidfd;           /* the producer process, from the broker connection; -1 if unknown */
+    int dead;            /* the producer is gone: no new consumes; let go once idle */
+    uint64_t checked_us; /* when the pidfd was last polled by a consume */
+    /* Host polling of ready words where a stream may not wait on them. */
+    pthread_mutex_t poll_lock;
+    CUstream poll_stream;
+    uint32_t *poll_word;
+    struct imported *next;
+};
+
+/* A descriptor whose bytes are not its producer's, remembered after its pool is let go. */
+struct failed_desc {
+    uint8_t pool_id[16];
+    uint32_t slot, generation;
+};
+
+#define FAILED_KEPT 1024 /* failed descriptors remembered per consumer */
+#define DEAD_KEPT   64   /* pools of dead producers remembered per consumer */
+
+struct vmmt__watch; /* producer_watch.c */
+
+struct vmmt_consumer {
+    vmmt_consumer_config cfg;
+    uint64_t clock;            /* counts consume and ack calls, for least-recently-used eviction */
+    struct vmmt__acker *acker; /* acknowledgements written by the CPU, and copy completion */
+    pthread_mutex_t lock;
+    struct imported *pools;
+    int count;
+    /* Imports let go of whose teardown failed: never used again, retried. */
+    struct imported *retired;
+    uint64_t serials;
+    struct vmmt__watch *watch; /* started with the first pool whose producer is known */
+    struct failed_desc failed[FAILED_KEPT];
+    uint32_t failed_next, failed_count;
+    uint8_t dead_ids[DEAD_KEPT][16];
+    uint32_t dead_next, dead_count;
+};
+
+/*
+ * The import of the pool `d` names for `device`: the cached one after
+ * checking d against it, or a new import. Lock held (imports are rare and
+ * serial).
+ */
+int vmmt__cache_get(struct vmmt_consumer *c, const struct vmmt__desc *d, int device,
+                    struct imported **out);
+
+/* A call starts using ip (the lock held); may evict another idle pool. */
+void vmmt__cache_use(struct vmmt_consumer *c, struct imported *ip);
+
+/* A call or a copy stops using ip; takes the lock. */
+void vmmt__cache_unuse(struct vmmt_consumer *c, struct imported *ip);
+
+/*
+ * The producer of ip is gone (lock held): mark what this process copied
+ * before its ready word was set as failed, set those ready words itself so
+ * that no stream of ours waits on them for ever, and let the pool go once
+ * idle. Idempotent.
+ */
+void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip);
+
+/*
+ * 1 if ip's producer is gone (and handled); polls its pidfd at most once a
+ * millisecond unless forced. Lock held.
+ */
+int vmmt__cache_producer_gone(struct vmmt_consumer *c, struct imported *ip, int force);
+
+/* The same without the lock and without handling it (a wait in progress). */
+int vmmt__cache_pidfd_exited(const struct imported *ip);
+
+/* A pool whose producer this consumer saw die (lock held). */
+int vmmt__cache_known_dead(const struct vmmt_consumer *c, const uint8_t pool_id[16]);
+
+/* Let go of idle pools of dead producers, and retry failed teardowns (lock held). */
+void vmmt__cache_reap(struct vmmt_consumer *c);
+
+/* The producer watch (producer_watch.c): a thread that learns of deaths by pidfd. */
+int vmmt__watch_add(struct vmmt_consumer *c, struct imported *ip);     /* lock held */
+void vmmt__watch_remove(struct vmmt_consumer *c, struct imported *ip); /* lock held */
+void vmmt__watch_stop(struct vmmt_consumer *c);                        /* lock not held */
+
+#endif

@@ -1,0 +1,303 @@
+/*
+ * Dead producers, on the consumer's side. A producer that dies between
+ * enqueuing its copy and its ready flag leaves every consumer stream that
+ * waits on that flag wedged: on a GPU such a wait has no limit. The consumer
+ * therefore holds a pidfd of each producer (taken on the broker connection,
+ * whose SO_PEERCRED names the producer process) and a thread watches them
+ * with epoll. When one becomes readable the producer has exited; then, under
+ * the consumer's lock:
+ *
+ *   - every descriptor this process consumed whose ready word had not
+ *     reached its generation is marked failed: what was (or will be) copied
+ *     is not the producer's buffer, and vmmt_consumer_check says so;
+ *   - those ready words are set by the consumer itself, so the waits queued
+ *     on its streams complete and the streams are not wedged (nobody else
+ *     will ever write them: the producer's context went with its process);
+ *   - new consumes of the pool fail with VMMT_ECLOSED;
+ *   - the pool is let go once every copy out of it is done.
+ *
+ * Pools imported without a broker (FABRIC) have no pidfd: their producer may
+ * live on another node, where a pid means nothing here. They are let go by
+ * count only (max_pools), once idle.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "consumer_internal.h"
+#include "ctrl.h"
+#include "driver.h"
+#include "status.h"
+
+struct vmmt__watch {
+    int ep, wake; /* epoll set of pidfds; eventfd that wakes the thread */
+    pthread_t thread;
+    int stop;
+};
+
+/* How often a consume polls its producer's pidfd itself (the thread is the main path). */
+#define CHECK_EVERY_US 1000
+/* How often the thread retries letting go of dead producers' pools still busy. */
+#define REAP_EVERY_MS 10
+
+static int pidfd_exited(int pidfd)
+{
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
+static void remember_failed(struct vmmt_consumer *c, const struct imported *ip, uint32_t slot,
+                            uint32_t gen)
+{
+    struct failed_desc *f = &c->failed[c->failed_next];
+
+    memcpy(f->pool_id, ip->geometry.pool_id, 16);
+    f->slot = slot;
+    f->generation = gen;
+    c->failed_next = (c->failed_next + 1) % FAILED_KEPT;
+    if (c->failed_count < FAILED_KEPT) c->failed_count++;
+}
+
+/* Ready words of a device table: read all at once, set the failed ones; on a stream of our own. */
+static int release_device_words(struct imported *ip, uint32_t *failed_count)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    const struct vmmt__desc *g = &ip->geometry;
+    size_t bytes = (size_t)g->table_slots * g->slot_stride;
+    uint32_t *copy = malloc(bytes);
+    CUstream s = NULL;
+    int st;
+
+    if (copy == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory to read a control table");
+    st = vmmt__ctx_enter(ip->device);
+    if (st != VMMT_OK) goto out;
+    st = VMMT_CU(d, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    if (st == VMMT_OK) st = VMMT_CU(d, cuMemcpyDtoHAsync(copy, ip->table, bytes, s));
+    if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(s));
+    for (uint32_t i = 0; st == VMMT_OK && i < g->table_slots; i++) {
+        struct slot_state *ss = &ip->slots[i];
+        uint32_t ready = copy[vmmt__ctrl_ready(0, g->slot_stride, i) / 4];
+        if (ss->generation == 0 || (int32_t)(ready - ss->generation) >= 0) continue;
+        ss->failed = 1;
+        remember_failed(ip->owner, ip, i, ss->generation);
+        (*failed_count)++;
+        st = VMMT_CU(d, cuStreamWriteValue32(s, vmmt__ctrl_ready(ip->table, g->slot_stride, i),
+                                             ss->generation, CU_STREAM_WRITE_VALUE_DEFAULT));
+    }
+    if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(s));
+    if (s != NULL && d->cuStreamDestroy(s) != CUDA_SUCCESS)
+        vmmt__log(VMMT_LOG_ERROR, "destroying a stream failed; it is leaked");
+    vmmt__ctx_leave();
+out:
+    free(copy);
+    return st;
+}
+
+void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip)
+{
+    const struct vmmt__desc *g = &ip->geometry;
+    uint32_t failed = 0;
+
+    if (ip->dead) return;
+    __atomic_store_n(&ip->dead, 1, __ATOMIC_RELEASE);
+    memcpy(c->dead_ids[c->dead_next], g->pool_id, 16);
+    c->dead_next = (c->dead_next + 1) % DEAD_KEPT;
+    if (c->dead_count < DEAD_KEPT) c->dead_count++;
+    if (ip->host_table) {
+        for (uint32_t i = 0; i < g->table_slots; i++) {
+            struct slot_state *ss = &ip->slots[i];
+            uint32_t *word = ip->ctrl.host + vmmt__ctrl_ready(0, g->slot_stride, i) / 4;
+            if (ss->generation == 0 || (int32_t)(vmmt__ctrl_load(word) - ss->generation) >= 0)
+                continue;
+            /* Marked before the word is set: a stream released by it finds the mark. */
+            ss->failed = 1;
+            remember_failed(c, ip, i, ss->generation);
+            failed++;
+            vmmt__ctrl_store_newer(word, ss->generation);
+        }
+    } else {
+        struct vmmt__saved_error e;
+        vmmt__error_save(&e);
+        if (release_device_words(ip, &failed) != VMMT_OK)
+            vmmt__log(VMMT_LOG_ERROR,
+                      "the producer (pid %d) of a pool died, and setting its ready words "
+                      "failed (%s): streams of this process waiting on them may stay blocked",
+                      g->producer_pid, vmmt_last_error());
+        vmmt__error_restore(&e);
+    }
+    vmmt__log(VMMT_LOG_WARN,
+              "the producer (pid %d) of an imported pool has exited: %" PRIu32
+              " descriptor(s) consumed here before their bytes were ready are marked failed "
+              "(vmmt_consumer_check), new consumes fail, and the pool is let go once its "
+              "copies are done",
+              g->producer_pid, failed);
+}
+
+int vmmt__cache_producer_gone(struct vmmt_consumer *c, struct imported *ip, int force)
+{
+    if (ip->dead) return 1;
+    if (ip->pidfd < 0) return 0;
+    if (!force) {
+        uint64_t now = (uint64_t)vmmt__now_us();
+        if (now - ip->checked_us < CHECK_EVERY_US) return 0;
+        ip->checked_us = now;
+    }
+    if (!pidfd_exited(ip->pidfd)) return 0;
+    vmmt__cache_producer_died(c, ip);
+    return 1;
+}
+
+int vmmt__cache_pidfd_exited(const struct imported *ip)
+{
+    return __atomic_load_n(&ip->dead, __ATOMIC_ACQUIRE) ||
+           (ip->pidfd >= 0 && pidfd_exited(ip->pidfd));
+}
+
+int vmmt__cache_known_dead(const struct vmmt_consumer *c, const uint8_t pool_id[16])
+{
+    for (uint32_t i = 0; i < c->dead_count; i++)
+        if (memcmp(c->dead_ids[i], pool_id, 16) == 0) return 1;
+    return 0;
+}
+
+static int any_dead(const struct vmmt_consumer *c)
+{
+    for (const struct imported *ip = c->pools; ip != NULL; ip = ip->next)
+        if (ip->dead) return 1;
+    return c->retired != NULL;
+}
+
+static void *watch_main(void *arg)
+{
+    struct vmmt_consumer *c = arg;
+    struct vmmt__watch *w = c->watch;
+    struct epoll_event ev[16];
+    int timeout = -1;
+
+    for (;;) {
+        int n = epoll_wait(w->ep, ev, 16, timeout);
+        pthread_mutex_lock(&c->lock);
+        if (w->stop) {
+            pthread_mutex_unlock(&c->lock);
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            if (ev[i].data.u64 == 0) {
+                uint64_t v;
+                if (read(w->wake, &v, sizeof v) < 0) { /* a wake-up only */
+                }
+                continue;
+            }
+            /* By serial, not pointer: the import may have been let go meanwhile. */
+            for (struct imported *ip = c->pools; ip != NULL; ip = ip->next)
+                if (ip->serial == ev[i].data.u64) vmmt__cache_producer_died(c, ip);
+        }
+        vmmt__cache_reap(c);
+        timeout = any_dead(c) ? REAP_EVERY_MS : -1;
+        pthread_mutex_unlock(&c->lock);
+    }
+    return NULL;
+}
+
+static int watch_start(struct vmmt_consumer *c)
+{
+    struct vmmt__watch *w = calloc(1, sizeof *w);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
+    int err;
+
+    if (w == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory for the producer watch");
+    w->ep = epoll_create1(EPOLL_CLOEXEC);
+    w->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (w->ep < 0 || w->wake < 0 || epoll_ctl(w->ep, EPOLL_CTL_ADD, w->wake, &ev) != 0) {
+        err = vmmt__sys_fail("setting up the producer watch (epoll, eventfd)");
+        goto fail;
+    }
+    c->watch = w;
+    err = pthread_create(&w->thread, NULL, watch_main, c);
+    if (err == 0) return VMMT_OK;
+    c->watch = NULL;
+    errno = err;
+    err = vmmt__sys_fail("starting the producer watch thread");
+fail:
+    if (w->ep >= 0) close(w->ep);
+    if (w->wake >= 0) close(w->wake);
+    free(w);
+    return err;
+}
+
+int vmmt__watch_add(struct vmmt_consumer *c, struct imported *ip)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.u64 = ip->serial};
+
+    if (c->watch == NULL) {
+        int st = watch_start(c);
+        if (st != VMMT_OK) return st;
+    }
+    if (epoll_ctl(c->watch->ep, EPOLL_CTL_ADD, ip->pidfd, &ev) != 0)
+        return vmmt__sys_fail("watching the producer's pidfd");
+    return VMMT_OK;
+}
+
+void vmmt__watch_remove(struct vmmt_consumer *c, struct imported *ip)
+{
+    /* ENOENT (never added, or the watch failed to start) is fine. */
+    if (c->watch != NULL && ip->pidfd >= 0) epoll_ctl(c->watch->ep, EPOLL_CTL_DEL, ip->pidfd, NULL);
+}
+
+void vmmt__watch_stop(struct vmmt_consumer *c)
+{
+    struct vmmt__watch *w = c->watch;
+    uint64_t one = 1;
+
+    if (w == NULL) return;
+    pthread_mutex_lock(&c->lock);
+    w->stop = 1;
+    pthread_mutex_unlock(&c->lock);
+    if (write(w->wake, &one, sizeof one) < 0)
+        vmmt__log(VMMT_LOG_WARN, "waking the producer watch failed; it stops within its tick");
+    pthread_join(w->thread, NULL);
+    close(w->ep);
+    close(w->wake);
+    free(w);
+    c->watch = NULL;
+}
+
+int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
+{
+    struct vmmt__desc d;
+    int st, failed = 0, pid = 0;
+
+    if (c == NULL || desc == NULL)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_check: consumer and descriptor are required");
+    st = vmmt__desc_decode(desc->bytes, &d);
+    if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_consumer_check");
+    pthread_mutex_lock(&c->lock);
+    for (struct imported *ip = c->pools; ip != NULL && !failed; ip = ip->next) {
+        if (memcmp(ip->geometry.pool_id, d.pool_id, 16) != 0) continue;
+        vmmt__cache_producer_gone(c, ip, 0);
+        if (d.slot < ip->geometry.table_slots && ip->slots[d.slot].generation == d.generation &&
+            ip->slots[d.slot].failed)
+            failed = 1;
+    }
+    for (uint32_t i = 0; i < c->failed_count && !failed; i++)
+        if (memcmp(c->failed[i].pool_id, d.pool_id, 16) == 0 && c->failed[i].slot == d.slot &&
+            c->failed[i].generation == d.generation)
+            failed = 1;
+    pid = d.producer_pid;
+    pthread_mutex_unlock(&c->lock);
+    if (!failed) return VMMT_OK;
+    return vmmt__fail(VMMT_EFAILED,
+                      "vmmt_consumer_check: the producer (pid %d) exited before the bytes of "
+                      "this descriptor (slot %u, generation %u) were ready; what was copied is "
+                      "not its buffer: drop the request",
+                      pid, d.slot, d.generation);
+}
