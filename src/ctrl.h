@@ -14,9 +14,7 @@
 
 #include "cuabi.h"
 
-#define VMMT__MAX_CONSUMERS 256
-#define VMMT__MAX_PACK      64
-#define VMMT__DATA_ALIGN    256
+#define VMMT__DATA_ALIGN 256
 
 /* Row size in bytes: ready + one word per consumer, padded to 16 bytes. */
 static inline uint32_t vmmt__ctrl_stride(uint32_t consumers)

@@ -12,38 +12,18 @@
 #include "pool_internal.h"
 #include "status.h"
 
-/* Element size rounded up to a power of two, at most the slice alignment. */
-static uint64_t element_align(const vmmt_buffer *b)
-{
-    uint64_t bytes = ((uint64_t)b->dtype.bits * (b->dtype.lanes ? b->dtype.lanes : 1) + 7) / 8;
-    uint64_t a = 1;
-
-    while (a < bytes && a < VMMT__DATA_ALIGN)
-        a <<= 1;
-    return a;
-}
-
+/*
+ * What only publish can check: a pointer to copy from and a shape array it
+ * may read. Everything the descriptor records (dtype, shape, nbytes) is
+ * checked by the descriptor's own validator in check_records.
+ */
 static int check_buffer(const vmmt_buffer *b, size_t i)
 {
-    uint64_t elems = 1, bytes;
-
     if (b->nbytes == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has nbytes=0", i);
     if (b->ptr == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has a NULL device pointer", i);
     if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS)
         return vmmt__fail(VMMT_EINVAL, "buffer %zu has ndim=%d; at most %d dimensions", i, b->ndim,
                           VMMT_MAX_DIMS);
-    if (b->dtype.bits == 0) return VMMT_OK;
-    for (int k = 0; k < b->ndim; k++) {
-        if (b->shape[k] < 0 || (b->shape[k] != 0 && elems > UINT64_MAX / (uint64_t)b->shape[k]))
-            return vmmt__fail(VMMT_EINVAL, "buffer %zu has an invalid shape[%d]=%" PRId64, i, k,
-                              b->shape[k]);
-        elems *= (uint64_t)b->shape[k];
-    }
-    bytes = elems * b->dtype.bits * (b->dtype.lanes ? b->dtype.lanes : 1) / 8;
-    if (bytes != b->nbytes)
-        return vmmt__fail(VMMT_EINVAL,
-                          "buffer %zu: shape and dtype give %" PRIu64 " bytes but nbytes=%" PRIu64,
-                          i, bytes, b->nbytes);
     return VMMT_OK;
 }
 
@@ -53,7 +33,8 @@ static int pack_layout(const vmmt_buffer *bufs, size_t n, uint64_t *rel, uint64_
     uint64_t at = 0;
 
     for (size_t i = 0; i < n; i++) {
-        if (vmmt__align_up(at, element_align(&bufs[i]), &at) != VMMT_OK ||
+        if (vmmt__align_up(at, vmmt__desc_elem_align(bufs[i].dtype.bits, bufs[i].dtype.lanes),
+                           &at) != VMMT_OK ||
             at > UINT64_MAX - bufs[i].nbytes)
             return vmmt__fail(VMMT_ETOOBIG, "packed buffers overflow a 64-bit size");
         rel[i] = at;
@@ -190,28 +171,65 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     return vmmt__wrap(VMMT_EFAILED, "the pool is quarantined");
 }
 
+/* The record of member i in a slice at slice_offset (from the data region) under slot/gen. */
+static void build(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
+                  size_t i, uint32_t slot, uint32_t gen, uint64_t slice_offset,
+                  uint64_t slice_bytes, struct vmmt__desc *d)
+{
+    *d = p->tmpl;
+    d->slot = slot;
+    d->generation = gen;
+    d->slice_offset = p->data_offset + slice_offset;
+    d->slice_bytes = slice_bytes;
+    d->pack_count = (uint16_t)n;
+    if (n > 1) d->flags |= VMMT__DESC_PACKED;
+    d->pack_index = (uint16_t)i;
+    d->offset = d->slice_offset + rel[i];
+    d->nbytes = bufs[i].nbytes;
+    d->dtype_code = bufs[i].dtype.code;
+    d->dtype_bits = bufs[i].dtype.bits;
+    d->dtype_lanes = bufs[i].dtype.lanes;
+    d->ndim = (uint32_t)bufs[i].ndim;
+    memset(d->shape, 0, sizeof d->shape);
+    memcpy(d->shape, bufs[i].shape, (size_t)bufs[i].ndim * sizeof d->shape[0]);
+}
+
+/*
+ * Before anything is reserved, every member's record is built as it will be
+ * sent (at the start of the data region, in slot 0, generation 1: the slice's
+ * real place keeps every alignment) and put through the readers' validator.
+ * A buffer whose descriptor a consumer would refuse is refused here, so no
+ * slice is ever published that nobody can acknowledge.
+ */
+static int check_records(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                         const uint64_t *rel, uint64_t total)
+{
+    struct vmmt__desc d;
+
+    if (total > p->map.size - p->data_offset)
+        return vmmt__fail(VMMT_ETOOBIG,
+                          "%" PRIu64 " bytes can never fit: the pool's data region holds %" PRIu64
+                          " bytes; publish it another way or create a larger pool",
+                          total, p->map.size - p->data_offset);
+    for (size_t i = 0; i < n; i++) {
+        build(p, bufs, n, rel, i, 0, 1, 0, total, &d);
+        if (vmmt__desc_check(&d, VMMT_EINVAL,
+                             "consumers would refuse this descriptor: fix the buffer's dtype "
+                             "(lanes >= 1 when bits > 0; code and lanes 0 when bits is 0), "
+                             "shape or nbytes (ceil(elements * bits * lanes / 8))") != VMMT_OK)
+            return vmmt__wrap(VMMT_EINVAL, "vmmt_publish: buffer %zu", i);
+    }
+    return VMMT_OK;
+}
+
 static void describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
                      uint32_t slot, vmmt_desc *out)
 {
-    struct vmmt__desc d = p->tmpl;
     const struct vmmt__slot *s = &p->slot[slot];
+    struct vmmt__desc d;
 
-    d.slot = slot;
-    d.generation = s->generation;
-    d.slice_offset = p->data_offset + s->slice_offset;
-    d.slice_bytes = s->slice_bytes;
-    d.pack_count = (uint16_t)n;
-    if (n > 1) d.flags |= VMMT__DESC_PACKED;
     for (size_t i = 0; i < n; i++) {
-        d.pack_index = (uint16_t)i;
-        d.offset = d.slice_offset + rel[i];
-        d.nbytes = bufs[i].nbytes;
-        d.dtype_code = bufs[i].dtype.code;
-        d.dtype_bits = bufs[i].dtype.bits;
-        d.dtype_lanes = bufs[i].dtype.lanes;
-        d.ndim = (uint32_t)bufs[i].ndim;
-        memset(d.shape, 0, sizeof d.shape);
-        memcpy(d.shape, bufs[i].shape, (size_t)bufs[i].ndim * sizeof d.shape[0]);
+        build(p, bufs, n, rel, i, slot, s->generation, s->slice_offset, s->slice_bytes, &d);
         vmmt__desc_encode(&d, out[i].bytes);
     }
 }
@@ -233,7 +251,8 @@ int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *s
     st = pack_layout(bufs, n, rel, &total);
     if (st == VMMT_OK) st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return st;
-    st = reserve(p, total, &slot);
+    st = check_records(p, bufs, n, rel, total);
+    if (st == VMMT_OK) st = reserve(p, total, &slot);
     if (st == VMMT_OK) {
         st = vmmt__ctx_enter(p->device);
         if (st == VMMT_OK) {

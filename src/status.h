@@ -7,7 +7,6 @@
 #ifndef VMMT_STATUS_H
 #define VMMT_STATUS_H
 
-#include "cuabi.h"
 #include "vmmt.h"
 
 #if defined(__GNUC__)
@@ -23,14 +22,16 @@ int vmmt__fail(int status, const char *fmt, ...) VMMT_PRINTF(2, 3);
 int vmmt__wrap(int status, const char *fmt, ...) VMMT_PRINTF(2, 3);
 
 /*
- * Record a failed driver call: "<call> -> CUDA_ERROR_X". The status is
+ * Record a failed driver call: "<call> -> CUDA_ERROR_X". The result is an
+ * int (CUresult is one) so that code without CUDA types, the descriptor
+ * codec among it, can report failures without including cuabi.h. The status is
  * VMMT_ECUDA, or VMMT_ENOMEM/VMMT_ENODEV/VMMT_ENOTSUP/VMMT_ETIMEDOUT where
  * the result says so; vmmt_last_cuda_error() gives the result.
  */
-int vmmt__cu_fail(CUresult r, const char *call_fmt, ...) VMMT_PRINTF(2, 3);
+int vmmt__cu_fail(int r, const char *call_fmt, ...) VMMT_PRINTF(2, 3);
 
 /* VMMT_OK for CUDA_SUCCESS, else vmmt__cu_fail naming `call`. */
-int vmmt__cu_check(CUresult r, const char *call);
+int vmmt__cu_check(int r, const char *call);
 
 /* Run a driver call through the table; on failure the message names the call as written. */
 #define VMMT_CU(drv, call) vmmt__cu_check((drv)->call, #call)
