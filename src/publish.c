@@ -44,8 +44,13 @@ static int pack_layout(const vmmt_buffer *bufs, size_t n, uint64_t *rel, uint64_
     return VMMT_OK;
 }
 
-/* Take a slot and a slice; lock held. */
-static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
+/*
+ * Take a slot and a slice, the slot's generation advanced (*prev: the one
+ * before, given back if the publish fails before its ready write, so that a
+ * slot's ready word always holds its occupant's generation or the one
+ * before: ctrl.h, vmmt__occupant_of); lock held.
+ */
+static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot, uint32_t *prev)
 {
     uint64_t off;
     int st;
@@ -54,6 +59,7 @@ static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
     st = vmmt__slab_alloc(p->slab, bytes, VMMT__DATA_ALIGN, &off);
     if (st != VMMT_OK) return st;
     *slot = p->free_slots[--p->free_count];
+    *prev = p->slot[*slot].generation;
     p->slot[*slot].generation = vmmt__next_generation(p->slot[*slot].generation);
     p->slot[*slot].state = SLOT_PUBLISHING;
     p->slot[*slot].slice_offset = off;
@@ -82,17 +88,17 @@ static int fail_full(struct vmmt_pool *p, uint64_t bytes)
 }
 
 /* Reserve, reclaiming once when the pool looks full. The caller is active. */
-static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
+static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot, uint32_t *prev)
 {
     int st;
 
     pthread_mutex_lock(&p->lock);
-    st = reserve_locked(p, bytes, slot);
+    st = reserve_locked(p, bytes, slot, prev);
     if (st == VMMT_EFULL && p->in_flight > 0) {
         pthread_mutex_unlock(&p->lock);
         vmmt__pool_reclaim(p, NULL);
         pthread_mutex_lock(&p->lock);
-        st = p->failed ? vmmt__pool_check_usable(p) : reserve_locked(p, bytes, slot);
+        st = p->failed ? vmmt__pool_check_usable(p) : reserve_locked(p, bytes, slot, prev);
     }
     if (st == VMMT_EFULL) st = fail_full(p, bytes);
     if (st == VMMT_ETOOBIG)
@@ -108,7 +114,7 @@ static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
  * End of a publish: the slot goes in flight, or back to the free lists. A
  * quarantined pool keeps the slice reserved, since its copy may still run.
  */
-static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
+static void finish(struct vmmt_pool *p, uint32_t slot, uint32_t prev, int st, size_t n)
 {
     pthread_mutex_lock(&p->lock);
     if (st == VMMT_OK) {
@@ -119,6 +125,8 @@ static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
         /* The recycler polls on its own while it is not idle: no wake-up to pay. */
         if (p->recycler_idle) pthread_cond_signal(&p->wake);
     } else if (st != VMMT_EFAILED) {
+        /* No ready word was written and no descriptor handed out. */
+        p->slot[slot].generation = prev;
         vmmt__slot_release(p, slot);
     }
     pthread_mutex_unlock(&p->lock);
@@ -130,7 +138,7 @@ static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
  * reused; if even that fails, the pool's state is uncertain.
  */
 static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
-                   uint32_t slot, CUstream s)
+                   uint32_t slot, int wrapped, CUstream s)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr slice = p->map.base + p->data_offset + p->slot[slot].slice_offset;
@@ -139,6 +147,24 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     CUresult r = CUDA_SUCCESS, sr;
     size_t enqueued = 0;
 
+    /* Once per 2^32 - 1 occupants: acknowledgement words left from the last
+     * cycle could hold this very generation; zero (never a generation) them
+     * ahead of the copy, so only an acknowledgement of this occupant counts. */
+    if (wrapped) {
+        if (p->host_table) {
+            uint32_t *ack = p->table_host + vmmt__ctrl_ack(0, p->stride, slot, 0) / 4;
+            for (int i = 0; i < p->cfg.consumer_count; i++)
+                __atomic_store_n(&ack[i], 0, __ATOMIC_RELEASE);
+        } else {
+            r = d->cuMemsetD8Async(vmmt__ctrl_ack(p->ctrl_dev, p->stride, slot, 0), 0,
+                                   4 * (size_t)p->cfg.consumer_count, s);
+            if (r != CUDA_SUCCESS)
+                return vmmt__cu_fail(r,
+                                     "cuMemsetD8Async(acknowledgements of slot %u at "
+                                     "generation wrap)",
+                                     slot);
+        }
+    }
     for (; enqueued < n; enqueued++) {
         r = d->cuMemcpyDtoDAsync(slice + rel[enqueued], bufs[enqueued].ptr, bufs[enqueued].nbytes,
                                  s);
@@ -238,7 +264,7 @@ int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *s
                         vmmt_desc *out)
 {
     uint64_t rel[VMMT__MAX_PACK], total = 0;
-    uint32_t slot = 0;
+    uint32_t slot = 0, prev = 0;
     int st;
 
     if (p == NULL || bufs == NULL || out == NULL || n == 0)
@@ -252,15 +278,15 @@ int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *s
     if (st == VMMT_OK) st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return st;
     st = check_records(p, bufs, n, rel, total);
-    if (st == VMMT_OK) st = reserve(p, total, &slot);
+    if (st == VMMT_OK) st = reserve(p, total, &slot, &prev);
     if (st == VMMT_OK) {
         st = vmmt__ctx_enter(p->device);
         if (st == VMMT_OK) {
-            st = enqueue(p, bufs, n, rel, slot, (CUstream)stream);
+            st = enqueue(p, bufs, n, rel, slot, prev == UINT32_MAX, (CUstream)stream);
             vmmt__ctx_leave();
         }
         if (st == VMMT_OK) describe(p, bufs, n, rel, slot, out);
-        finish(p, slot, st, n);
+        finish(p, slot, prev, st, n);
     }
     vmmt__pool_leave(p);
     return st;
