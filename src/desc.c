@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "abi.h"
 #include "status.h"
 
 /* The codec knows bytes and integers only; it must build without any CUDA type. */
@@ -625,13 +626,20 @@ int vmmt__desc_check_pool(const struct vmmt__desc *d, const struct vmmt__desc *p
 
 /* ------------------------------------------------------------------ public */
 
-int vmmt_desc_inspect(const vmmt_desc *desc, vmmt_desc_info *out)
+#define DESC_INFO_V1 VMMT__SIZE_V1(vmmt_desc_info, pack_count)
+
+int vmmt_desc_inspect_size(const vmmt_desc *desc, vmmt_desc_info *theirs, size_t size)
 {
+    vmmt_desc_info info, *out = &info;
     struct vmmt__desc d;
     int st;
 
-    if (desc == NULL || out == NULL)
+    if (desc == NULL || theirs == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_desc_inspect: desc or out is NULL");
+    memset(out, 0, sizeof *out);
+    if (size < DESC_INFO_V1) /* refused before anything is written */
+        return vmmt__struct_out(theirs, size, &info, sizeof info, DESC_INFO_V1,
+                                "vmmt_desc_inspect: out");
     st = vmmt__desc_decode(desc->bytes, &d);
     if (st != VMMT_OK) return st;
     memset(out, 0, sizeof *out);
@@ -648,5 +656,6 @@ int vmmt_desc_inspect(const vmmt_desc *desc, vmmt_desc_info *out)
     out->stream_ordered = (d.flags & VMMT__DESC_STREAM_ORDERED) != 0;
     out->pack_index = d.pack_index;
     out->pack_count = d.pack_count;
-    return VMMT_OK;
+    return vmmt__struct_out(theirs, size, &info, sizeof info, DESC_INFO_V1,
+                            "vmmt_desc_inspect: out");
 }

@@ -39,6 +39,7 @@ int vmmt_handle_type_parse(const char *name, vmmt_handle_type *out)
 {
     static const vmmt_handle_type all[] = {VMMT_HANDLE_AUTO, VMMT_HANDLE_FABRIC,
                                            VMMT_HANDLE_POSIX_FD, VMMT_HANDLE_NONE};
+    if (out == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_handle_type_parse: out is NULL");
     for (size_t i = 0; name != NULL && i < sizeof all / sizeof all[0]; i++) {
         if (strcmp(name, vmmt_handle_type_name(all[i])) == 0) {
             *out = all[i];
@@ -265,6 +266,7 @@ int vmmt_select_handle_type(int device, vmmt_handle_type *out)
     const char *env = getenv("VMMT_HANDLE_TYPE");
     int st;
 
+    if (out == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_select_handle_type: out is NULL");
     if (env != NULL && *env != '\0' && vmmt_handle_type_parse(env, &want) != VMMT_OK)
         return vmmt__wrap(VMMT_EINVAL, "VMMT_HANDLE_TYPE");
     st = vmmt_probe_device(device, &p);

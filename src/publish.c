@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "abi.h"
 #include "ctrl.h"
 #include "driver.h"
 #include "pool_internal.h"
@@ -260,18 +261,29 @@ static void describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, con
     }
 }
 
-int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *stream,
-                        vmmt_desc *out)
+#define BUFFER_V1 VMMT__SIZE_V1(vmmt_buffer, shape)
+
+int vmmt_publish_packed_size(vmmt_pool *p, const vmmt_buffer *theirs, size_t n, size_t buf_size,
+                             void *stream, vmmt_desc *out)
 {
     uint64_t rel[VMMT__MAX_PACK], total = 0;
+    vmmt_buffer bufs[VMMT__MAX_PACK];
     uint32_t slot = 0, prev = 0;
     int st;
 
-    if (p == NULL || bufs == NULL || out == NULL || n == 0)
-        return vmmt__fail(VMMT_EINVAL, "vmmt_publish: pool, buffers and out must be given");
+    if (p == NULL || theirs == NULL || out == NULL || n == 0)
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_publish: pool, buffers and out must be given, count at least 1");
     if (n > VMMT__MAX_PACK)
         return vmmt__fail(VMMT_EINVAL, "a packed publish holds at most %d buffers, got %zu",
                           VMMT__MAX_PACK, n);
+    /* The caller's array, element by element at its own stride, as this library's structs. */
+    for (size_t i = 0; i < n; i++) {
+        memset(&bufs[i], 0, sizeof bufs[i]);
+        st = vmmt__struct_in(&bufs[i], sizeof bufs[i], (const char *)theirs + i * buf_size,
+                             buf_size, BUFFER_V1, "vmmt_publish: buffer");
+        if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_publish: buffer %zu", i);
+    }
     for (size_t i = 0; i < n; i++)
         if ((st = check_buffer(&bufs[i], i)) != VMMT_OK) return st;
     st = pack_layout(bufs, n, rel, &total);
@@ -290,11 +302,6 @@ int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *s
     }
     vmmt__pool_leave(p);
     return st;
-}
-
-int vmmt_publish(vmmt_pool *p, const vmmt_buffer *buf, void *stream, vmmt_desc *out)
-{
-    return vmmt_publish_packed(p, buf, 1, stream, out);
 }
 
 int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
