@@ -341,7 +341,8 @@ static struct pack_group *group_for(struct slot_state *s, const struct request *
 
 /*
  * Record the consume in this process's slot state, refusing a descriptor
- * consumed before or one whose slot has moved on; consumer lock held.
+ * consumed before (check_occupant, just before, refused one whose slot has
+ * moved on); consumer lock held.
  */
 static int claim(struct request *rq)
 {

@@ -31,14 +31,7 @@
 #include "status.h"
 #include "testutil.h"
 
-static uint64_t rng_state;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+#define rnd tu_rand
 
 /* A short consumer timeout: forged descriptors one ahead wait it out. */
 static void short_consumer(struct fixture *f, int timeout_ms)
@@ -88,7 +81,7 @@ static uint32_t in_flight_now(struct fixture *f)
 static void test_occupant_arithmetic(void **state)
 {
     (void)state;
-    rng_state = 0x243f6a8885a308d3ull;
+    tu_rand_seed(0x243f6a8885a308d3ull);
     assert_int_equal(vmmt__next_generation(UINT32_MAX), 1);
     assert_int_equal(vmmt__occupant_of(0, 1), VMMT__OCC_COPYING);          /* a fresh table */
     assert_int_equal(vmmt__occupant_of(UINT32_MAX, 1), VMMT__OCC_COPYING); /* the wrap */
@@ -113,7 +106,7 @@ static void test_store_ack(void **state)
 {
     uint32_t ready = 0, ack = 0;
     (void)state;
-    rng_state = 0x13198a2e03707344ull;
+    tu_rand_seed(0x13198a2e03707344ull);
 
     ready = 5;
     assert_int_equal(vmmt__ctrl_store_ack(&ack, &ready, 6), 0); /* not given out yet */
@@ -633,7 +626,7 @@ static void random_sequences(struct fixture *f, int device_table, uint64_t seed,
     vmmt_pool_config c = config(4 * MiB, RANKS);
     struct model *m = calloc(1, sizeof *m);
 
-    rng_state = seed;
+    tu_rand_seed(seed);
     c.max_slices = SLOTS;
     c.device_control_table = device_table;
     m->f = f;

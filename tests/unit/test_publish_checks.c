@@ -97,15 +97,7 @@ static void test_refused_buffers(void **state)
     assert_int_equal(stats(f->pool).full, 0);
 }
 
-/* A small deterministic generator, so a failure replays. */
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+#define rnd tu_rand
 
 static int64_t pick_dim(void)
 {
@@ -130,6 +122,7 @@ static void test_random_buffers_one_validator(void **state)
     int accepted = 0, refused = 0;
 
     c.max_slices = 8;
+    tu_rand_seed(0x9e3779b97f4a7c15ull);
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     for (int iter = 0; iter < 3000; iter++) {
         vmmt_buffer b;
