@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ctrl.h"
 #include "desc.h"
@@ -210,6 +211,49 @@ static void test_forged_far_ahead(void **state)
                 vmmt_consume(f->consumer, &d[i], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
         assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     }
+}
+
+/*
+ * The same across processes: a consumer process given descriptors far ahead
+ * of and half a cycle away from the real ones refuses each before it copies
+ * or writes anything, and every slot keeps cycling.
+ */
+static void test_forged_across_processes(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d[4];
+    uint32_t idx = 0;
+    int sock;
+    pid_t pid;
+
+    c.max_slices = 4;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    /* Before the fix the child's stream waited on a forged generation: let such a wait fail soon.
+     */
+    setenv("VMMT_EMU_WAIT_TIMEOUT_MS", "300", 1);
+    spawn_consumer(0, 0, 1, &sock, &pid);
+    unsetenv("VMMT_EMU_WAIT_TIMEOUT_MS");
+    for (int round = 0; round < 3; round++) {
+        for (uint32_t i = 0; i < 4; i++) {
+            put(f, f->src, 4096, idx + i);
+            assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d[i]));
+        }
+        for (uint32_t i = 0; i < 4; i++, idx++) {
+            vmmt_desc forged = with_generation(&d[i], gen_of(&d[i]) + (i % 2 ? 1000 : 0x80000000u));
+            send_desc(sock, idx, &forged);
+            assert_int_equal(read_reply(sock, idx), VMMT_ESTATE);
+            send_desc(sock, idx, &d[i]);
+            expect_reply(sock, idx);
+        }
+        assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    }
+    send_desc(sock, UINT32_MAX, NULL);
+    /* The child counts each refused descriptor as a failure: 12 of them. */
+    assert_int_equal(tu_wait(pid, 30000), 1);
+    close(sock);
+    assert_int_equal(stats(f->pool).recycled, 12);
 }
 
 /* ------------------------------------------------------------- failures */
@@ -697,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_store_ack),
         T(test_forged_one_ahead),
         T(test_forged_far_ahead),
+        T(test_forged_across_processes),
         T(test_failed_wait_acknowledges_nothing),
         T(test_failed_ack_write_retry),
         T(test_wrap_after_many_cancels),
