@@ -222,7 +222,7 @@ typedef struct vmmt_dtype {
     uint16_t lanes;
 } vmmt_dtype;
 
-/* What a descriptor says, decoded and checked. */
+/* What a descriptor says, decoded and checked. Grows at its end only. */
 typedef struct vmmt_desc_info {
     uint8_t pool_id[16];
     vmmt_handle_type handle_type;
@@ -262,6 +262,7 @@ typedef enum vmmt_handoff {
 
 VMMT_API const char *vmmt_handoff_name(vmmt_handoff mode);
 
+/* Grows at its end only (see "Struct versions" at the top). */
 typedef struct vmmt_pool_config {
     int device;                   /* producer's device; default 0 */
     uint64_t memory_size;         /* bytes of device memory, control table included */
@@ -308,6 +309,7 @@ static inline int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **o
 }
 
 /* A tensor to publish: device pointer, bytes, and optionally its DLPack dtype and shape. */
+/* Grows at its end only; a field added later means "as before" when 0. */
 typedef struct vmmt_buffer {
     uint64_t ptr; /* CUdeviceptr on the pool's device, or one it can read */
     uint64_t nbytes;
@@ -364,6 +366,7 @@ VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
 /* Wait until nothing is in flight, at most timeout_ms (>= 0); VMMT_ETIMEDOUT otherwise. */
 VMMT_API int vmmt_pool_drain(vmmt_pool *pool, int timeout_ms);
 
+/* Grows at its end only; needs no initialisation. */
 typedef struct vmmt_pool_stats {
     vmmt_handle_type handle_type;
     vmmt_handoff handoff;
@@ -412,6 +415,7 @@ typedef struct vmmt_consumer vmmt_consumer;
 /* Acknowledge for every consumer rank of the pool (one process serving all). */
 #define VMMT_ALL_RANKS (-1)
 
+/* Grows at its end only (see "Struct versions" at the top). */
 typedef struct vmmt_consumer_config {
     int timeout_ms; /* broker fetch, and waits for a ready flag on the host; default 5000 */
     /*

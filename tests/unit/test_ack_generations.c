@@ -514,6 +514,15 @@ static void op_publish(struct model *m)
     x.pattern = ++m->next_pattern;
     b = bytes(f->src, x.n);
     put(f, f->src, x.n, x.pattern);
+    if (on_emu() && rnd() % 10 == 0) {
+        /* A publish whose copy fails hands its generation back: no gap in a slot's sequence. */
+        emu_fail("cuMemcpyDtoDAsync:1:CUDA_ERROR_INVALID_VALUE");
+        st = vmmt_publish(f->pool, &b, f->stream, &x.d);
+        emu_reset();
+        assert_true(st == VMMT_ECUDA || st == VMMT_EFULL);
+        m->ops[7]++;
+        return;
+    }
     st = vmmt_publish(f->pool, &b, f->stream, &x.d);
     if (st == VMMT_EFULL) {
         assert_int_equal(unfinished(m) > 0 || stats(f->pool).in_flight > 0, 1);
@@ -707,10 +716,10 @@ static void random_sequences(struct fixture *f, int device_table, uint64_t seed,
     }
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     vmmt_consumer_destroy(m->quick);
-    print_message("seed %llx, %s table: %d publishes, %d failed writes, %d drops, %d consumes, "
-                  "%d cancels, %d forged, %d forged one ahead\n",
-                  (unsigned long long)seed, device_table ? "device" : "host", m->ops[0], m->ops[1],
-                  m->ops[2], m->ops[3], m->ops[4], m->ops[5], m->ops[6]);
+    print_message("seed %llx, %s table: %d publishes, %d failed publishes, %d failed writes, "
+                  "%d drops, %d consumes, %d cancels, %d forged, %d forged one ahead\n",
+                  (unsigned long long)seed, device_table ? "device" : "host", m->ops[0], m->ops[7],
+                  m->ops[1], m->ops[2], m->ops[3], m->ops[4], m->ops[5], m->ops[6]);
     free(m);
 }
 
