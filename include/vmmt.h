@@ -308,8 +308,11 @@ static inline int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **o
     return vmmt_pool_create_size(config, sizeof(vmmt_pool_config), out);
 }
 
-/* A tensor to publish: device pointer, bytes, and optionally its DLPack dtype and shape. */
-/* Grows at its end only; a field added later means "as before" when 0. */
+/*
+ * A tensor to publish: device pointer, bytes, and optionally its DLPack dtype
+ * and shape. Grows at its end only; a field added later means "as before"
+ * when 0.
+ */
 typedef struct vmmt_buffer {
     uint64_t ptr; /* CUdeviceptr on the pool's device, or one it can read */
     uint64_t nbytes;
