@@ -25,8 +25,8 @@
  * after). The library's own threads (recycler, broker, acknowledgements) may
  * call the log callback; it must be thread-safe.
  *
- * Struct versions: the config, stats, buffer and descriptor-info structs
- * may gain fields at their end in later versions. The functions that take
+ * Struct versions: the config, stats, buffer, descriptor-info and
+ * device-probe structs may gain fields at their end in later versions. The functions that take
  * them are `static inline` wrappers that pass the struct's size as the
  * caller was compiled (sizeof), to exported `*_size` functions: a program
  * built against an older vmmt.h gets defaults for fields it does not know,
@@ -162,6 +162,10 @@ typedef struct vmmt_handle_probe {
     char cause[320];   /* why it does not work; empty when it does */
 } vmmt_handle_probe;
 
+/*
+ * Grows at its end only. (vmmt_handle_probe, an array member, keeps its
+ * layout: what a candidate gains later goes into a new array at the end.)
+ */
 typedef struct vmmt_device_probe {
     int device;
     char name[128];
@@ -189,7 +193,11 @@ typedef struct vmmt_device_probe {
  * POSIX_FD) works; VMMT_ENOTSUP, with every candidate's cause in the message,
  * when none does (out is still filled).
  */
-VMMT_API int vmmt_probe_device(int device, vmmt_device_probe *out);
+VMMT_API int vmmt_probe_device_size(int device, vmmt_device_probe *out, size_t out_size);
+static inline int vmmt_probe_device(int device, vmmt_device_probe *out)
+{
+    return vmmt_probe_device_size(device, out, sizeof(vmmt_device_probe));
+}
 
 /*
  * The handle type the library will use on a device: VMMT_HANDLE_TYPE

@@ -5,7 +5,7 @@
 
 #include "status.h"
 
-static int check_size(const void *p, size_t size, size_t min_size, const char *what)
+int vmmt__struct_check(const void *p, size_t size, size_t min_size, const char *what)
 {
     if (p == NULL) return vmmt__fail(VMMT_EINVAL, "%s is NULL", what);
     if (size < min_size)
@@ -20,7 +20,7 @@ int vmmt__struct_in(void *ours, size_t ours_size, const void *theirs, size_t the
                     size_t min_size, const char *what)
 {
     const unsigned char *extra = (const unsigned char *)theirs + ours_size;
-    int st = check_size(theirs, their_size, min_size, what);
+    int st = vmmt__struct_check(theirs, their_size, min_size, what);
 
     if (st != VMMT_OK) return st;
     for (size_t i = ours_size; i < their_size; i++)
@@ -37,7 +37,7 @@ int vmmt__struct_in(void *ours, size_t ours_size, const void *theirs, size_t the
 int vmmt__struct_out(void *theirs, size_t their_size, const void *ours, size_t ours_size,
                      size_t min_size, const char *what)
 {
-    int st = check_size(theirs, their_size, min_size, what);
+    int st = vmmt__struct_check(theirs, their_size, min_size, what);
 
     if (st != VMMT_OK) return st;
     memcpy(theirs, ours, their_size < ours_size ? their_size : ours_size);

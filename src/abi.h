@@ -23,6 +23,9 @@
 /* Bytes up to the end of `field`: the smallest size a caller's struct may have. */
 #define VMMT__SIZE_V1(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 
+/* VMMT_EINVAL naming `what` for NULL or a size below min_size. */
+int vmmt__struct_check(const void *p, size_t size, size_t min_size, const char *what);
+
 /*
  * Read the caller's `theirs` (their_size bytes) into `ours` (ours_size
  * bytes, already holding the defaults): VMMT_EINVAL naming `what` for a size

@@ -636,10 +636,8 @@ int vmmt_desc_inspect_size(const vmmt_desc *desc, vmmt_desc_info *theirs, size_t
 
     if (desc == NULL || theirs == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_desc_inspect: desc or out is NULL");
-    memset(out, 0, sizeof *out);
-    if (size < DESC_INFO_V1) /* refused before anything is written */
-        return vmmt__struct_out(theirs, size, &info, sizeof info, DESC_INFO_V1,
-                                "vmmt_desc_inspect: out");
+    st = vmmt__struct_check(theirs, size, DESC_INFO_V1, "vmmt_desc_inspect: out");
+    if (st != VMMT_OK) return st;
     st = vmmt__desc_decode(desc->bytes, &d);
     if (st != VMMT_OK) return st;
     memset(out, 0, sizeof *out);

@@ -59,6 +59,7 @@ static void test_status_log_driver_probe(void **state)
     assert_int_equal(t, VMMT_HANDLE_AUTO);
 
     EXPECT_EINVAL(vmmt_probe_device(0, NULL));
+    EXPECT_EINVAL(vmmt_probe_device_size(0, &probe, 10));
     assert_int_equal(vmmt_probe_device(-1, &probe), VMMT_ENODEV);
     assert_int_equal(vmmt_probe_device(INT_MAX, &probe), VMMT_ENODEV);
     EXPECT_EINVAL(vmmt_select_handle_type(0, NULL));
