@@ -10,6 +10,31 @@
  * 0, failures are negative). On failure, vmmt_last_error() gives a message
  * for the calling thread that says what was asked, what was found and what to
  * do. Handles are opaque; every create has a matching destroy.
+ *
+ * Arguments: every function checks its pointers and sentinel values: a NULL
+ * where an object or an output is needed, a count with a NULL array, a NULL
+ * or wrapping destination, is VMMT_EINVAL with a message (a function without
+ * a status to return ignores it, as documented at the function), never a
+ * crash.
+ *
+ * Threads: every function may be called from any thread, concurrently with
+ * any other, on the same object too, unless its comment says "Not
+ * thread-safe". The exceptions: vmmt_driver_select (before everything
+ * else), and vmmt_pool_destroy / vmmt_consumer_destroy, which must be the
+ * last call on their object (no other thread may be using it, or use it
+ * after). The library's own threads (recycler, broker, acknowledgements) may
+ * call the log callback; it must be thread-safe.
+ *
+ * Struct versions: the config, stats, buffer, descriptor-info and
+ * device-probe structs may gain fields at their end in later versions. The functions that take
+ * them are `static inline` wrappers that pass the struct's size as the
+ * caller was compiled (sizeof), to exported `*_size` functions: a program
+ * built against an older vmmt.h gets defaults for fields it does not know,
+ * and one built against a newer vmmt.h is refused (VMMT_EINVAL) if it sets
+ * a field this library does not know. Bindings that do not compile this
+ * header (ctypes, other languages) call the `*_size` functions with the size
+ * of the struct they lay out. Initialise configs with *_config_init; stats
+ * and info structs need no initialisation.
  */
 #ifndef VMMT_H
 #define VMMT_H
@@ -83,7 +108,9 @@ typedef void (*vmmt_log_fn)(vmmt_log_level level, const char *message, void *use
 /*
  * Route the library's warnings and notices. The default writes to stderr at
  * the level named by VMMT_LOG (error, warn, info, debug or off; warn if
- * unset). Passing NULL restores the default.
+ * unset). Passing NULL restores the default. The callback may run on any
+ * thread, the library's own included, several at once. A level outside
+ * VMMT_LOG_ERROR..VMMT_LOG_DEBUG is ignored.
  */
 VMMT_API void vmmt_set_log(vmmt_log_fn fn, void *user);
 VMMT_API void vmmt_set_log_level(vmmt_log_level level);
@@ -94,7 +121,9 @@ VMMT_API void vmmt_set_log_level(vmmt_log_level level);
  * Choose the driver: "cuda" (libcuda.so.1, or the file named by
  * VMMT_LIBCUDA) or "emu" (the emulated driver on host memory, for machines
  * without a GPU). Without a call, VMMT_DRIVER decides, and "cuda" if unset.
- * Must precede every other call that touches a device.
+ * Must precede every other call that touches a device: thread-safe, but a
+ * call racing the first use of the driver on another thread may come too late
+ * (VMMT_ESTATE). NULL or another name: VMMT_EINVAL.
  */
 VMMT_API int vmmt_driver_select(const char *name);
 
@@ -115,10 +144,10 @@ typedef enum vmmt_handle_type {
     VMMT_HANDLE_FABRIC = 8    /* a 64-byte handle, across an NVLink domain */
 } vmmt_handle_type;
 
-/* "fabric", "posix_fd", "none" or "auto". */
+/* "fabric", "posix_fd", "none" or "auto"; "unknown" for any other value. Never NULL. */
 VMMT_API const char *vmmt_handle_type_name(vmmt_handle_type type);
 
-/* Parse those names; VMMT_EINVAL with a message for anything else. */
+/* Parse those names; VMMT_EINVAL with a message for anything else, NULL included. */
 VMMT_API int vmmt_handle_type_parse(const char *name, vmmt_handle_type *out);
 
 /* What the probe found for one handle type on one device. */
@@ -133,6 +162,10 @@ typedef struct vmmt_handle_probe {
     char cause[320];   /* why it does not work; empty when it does */
 } vmmt_handle_probe;
 
+/*
+ * Grows at its end only. (vmmt_handle_probe, an array member, keeps its
+ * layout: what a candidate gains later goes into a new array at the end.)
+ */
 typedef struct vmmt_device_probe {
     int device;
     char name[128];
@@ -160,7 +193,11 @@ typedef struct vmmt_device_probe {
  * POSIX_FD) works; VMMT_ENOTSUP, with every candidate's cause in the message,
  * when none does (out is still filled).
  */
-VMMT_API int vmmt_probe_device(int device, vmmt_device_probe *out);
+VMMT_API int vmmt_probe_device_size(int device, vmmt_device_probe *out, size_t out_size);
+static inline int vmmt_probe_device(int device, vmmt_device_probe *out)
+{
+    return vmmt_probe_device_size(device, out, sizeof(vmmt_device_probe));
+}
 
 /*
  * The handle type the library will use on a device: VMMT_HANDLE_TYPE
@@ -193,7 +230,7 @@ typedef struct vmmt_dtype {
     uint16_t lanes;
 } vmmt_dtype;
 
-/* What a descriptor says, decoded and checked. */
+/* What a descriptor says, decoded and checked. Grows at its end only. */
 typedef struct vmmt_desc_info {
     uint8_t pool_id[16];
     vmmt_handle_type handle_type;
@@ -214,7 +251,11 @@ typedef struct vmmt_desc_info {
  * Decode and validate a descriptor without touching any device: VMMT_EPROTO,
  * naming the field and what was wrong, for anything inconsistent.
  */
-VMMT_API int vmmt_desc_inspect(const vmmt_desc *desc, vmmt_desc_info *out);
+VMMT_API int vmmt_desc_inspect_size(const vmmt_desc *desc, vmmt_desc_info *out, size_t out_size);
+static inline int vmmt_desc_inspect(const vmmt_desc *desc, vmmt_desc_info *out)
+{
+    return vmmt_desc_inspect_size(desc, out, sizeof(vmmt_desc_info));
+}
 
 /* -------------------------------------------------------------- producer */
 
@@ -229,6 +270,7 @@ typedef enum vmmt_handoff {
 
 VMMT_API const char *vmmt_handoff_name(vmmt_handoff mode);
 
+/* Grows at its end only (see "Struct versions" at the top). */
 typedef struct vmmt_pool_config {
     int device;                   /* producer's device; default 0 */
     uint64_t memory_size;         /* bytes of device memory, control table included */
@@ -253,16 +295,32 @@ typedef struct vmmt_pool_config {
     int device_control_table;
 } vmmt_pool_config;
 
-/* Defaults as documented above; memory_size and consumer_count are left 0 and must be set. */
-VMMT_API void vmmt_pool_config_init(vmmt_pool_config *config);
+/*
+ * Defaults as documented above; memory_size and consumer_count are left 0 and
+ * must be set. NULL: nothing is written (the thread's error says why).
+ */
+VMMT_API void vmmt_pool_config_init_size(vmmt_pool_config *config, size_t size);
+static inline void vmmt_pool_config_init(vmmt_pool_config *config)
+{
+    vmmt_pool_config_init_size(config, sizeof(vmmt_pool_config));
+}
 
 /*
  * Allocate, map and export the pool, and start its recycler (and broker, for
  * POSIX_FD). The application's current CUDA context is left as it was.
+ * allowed_uid_count > 0 needs allowed_uids; *out is NULL on failure.
  */
-VMMT_API int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **out);
+VMMT_API int vmmt_pool_create_size(const vmmt_pool_config *config, size_t size, vmmt_pool **out);
+static inline int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **out)
+{
+    return vmmt_pool_create_size(config, sizeof(vmmt_pool_config), out);
+}
 
-/* A tensor to publish: device pointer, bytes, and optionally its DLPack dtype and shape. */
+/*
+ * A tensor to publish: device pointer, bytes, and optionally its DLPack dtype
+ * and shape. Grows at its end only; a field added later means "as before"
+ * when 0.
+ */
 typedef struct vmmt_buffer {
     uint64_t ptr; /* CUdeviceptr on the pool's device, or one it can read */
     uint64_t nbytes;
@@ -272,20 +330,39 @@ typedef struct vmmt_buffer {
 } vmmt_buffer;
 
 /*
+ * Several buffers in one slice under one control slot, each aligned to its
+ * element size; out[i] describes bufs[i] (count 1..64). The slice is
+ * acknowledged once a consumer has consumed (or dropped) every member, and
+ * recycled once. buf_size is sizeof(vmmt_buffer) as the caller compiled it
+ * (the array's stride).
+ *
+ * Before anything is reserved, each descriptor is built and checked exactly
+ * as every reader (vmmt_desc_inspect, vmmt_consume, vmmt_consumer_ack,
+ * vmmt_cancel) checks it: a buffer they would refuse is refused here with
+ * VMMT_EINVAL naming the field (dtype.lanes 0 with bits > 0; code or lanes
+ * set with bits 0; a negative dimension; nbytes other than
+ * ceil(elements * bits * lanes / 8); an element count that overflows).
+ */
+VMMT_API int vmmt_publish_packed_size(vmmt_pool *pool, const vmmt_buffer *bufs, size_t count,
+                                      size_t buf_size, void *stream, vmmt_desc *out);
+static inline int vmmt_publish_packed(vmmt_pool *pool, const vmmt_buffer *bufs, size_t count,
+                                      void *stream, vmmt_desc *out)
+{
+    return vmmt_publish_packed_size(pool, bufs, count, sizeof(vmmt_buffer), stream, out);
+}
+
+/*
  * Copy buf into a free slice on `stream` (a CUstream; NULL for the default
  * stream) and describe it in *out. VMMT_EFULL at once when no slice is free
  * even after reclaiming (fall back to another path, or retry later);
- * VMMT_ETOOBIG when it could never fit.
+ * VMMT_ETOOBIG when it could never fit; VMMT_EINVAL for a buffer no reader
+ * would accept (see vmmt_publish_packed).
  */
-VMMT_API int vmmt_publish(vmmt_pool *pool, const vmmt_buffer *buf, void *stream, vmmt_desc *out);
-
-/*
- * Several buffers in one slice under one control slot, each aligned to its
- * element size; out[i] describes bufs[i]. The slice is acknowledged once a
- * consumer has consumed (or dropped) every member, and recycled once.
- */
-VMMT_API int vmmt_publish_packed(vmmt_pool *pool, const vmmt_buffer *bufs, size_t count,
-                                 void *stream, vmmt_desc *out);
+static inline int vmmt_publish(vmmt_pool *pool, const vmmt_buffer *buf, void *stream,
+                               vmmt_desc *out)
+{
+    return vmmt_publish_packed_size(pool, buf, 1, sizeof(vmmt_buffer), stream, out);
+}
 
 /*
  * Take back a descriptor that was never handed to a consumer. Idempotent:
@@ -297,9 +374,10 @@ VMMT_API int vmmt_cancel(vmmt_pool *pool, const vmmt_desc *desc);
 /* Recycle every acknowledged slice now; *freed (if not NULL) counts them. */
 VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
 
-/* Wait until nothing is in flight, at most timeout_ms; VMMT_ETIMEDOUT otherwise. */
+/* Wait until nothing is in flight, at most timeout_ms (>= 0); VMMT_ETIMEDOUT otherwise. */
 VMMT_API int vmmt_pool_drain(vmmt_pool *pool, int timeout_ms);
 
+/* Grows at its end only; needs no initialisation. */
 typedef struct vmmt_pool_stats {
     vmmt_handle_type handle_type;
     vmmt_handoff handoff;
@@ -320,17 +398,25 @@ typedef struct vmmt_pool_stats {
     uint64_t broker_refused;
 } vmmt_pool_stats;
 
-VMMT_API int vmmt_pool_get_stats(vmmt_pool *pool, vmmt_pool_stats *out);
+VMMT_API int vmmt_pool_get_stats_size(vmmt_pool *pool, vmmt_pool_stats *out, size_t out_size);
+static inline int vmmt_pool_get_stats(vmmt_pool *pool, vmmt_pool_stats *out)
+{
+    return vmmt_pool_get_stats_size(pool, out, sizeof(vmmt_pool_stats));
+}
 
 /*
  * Refuse new publishes, wait for publishes in progress, stop the recycler
  * and broker, and release the device memory in reverse order. Bounded by
- * timeout_ms; idempotent. Consumers that imported the pool keep their
+ * timeout_ms; idempotent, and safe while other threads still call into the
+ * pool (they get VMMT_ECLOSED). Consumers that imported the pool keep their
  * mappings valid until they evict it.
  */
 VMMT_API int vmmt_pool_shutdown(vmmt_pool *pool);
 
-/* Shut down (if needed) and free. NULL is allowed. */
+/*
+ * Shut down (if needed) and free. NULL is allowed. Not thread-safe: the last
+ * call on the pool; no other thread may use it during or after.
+ */
 VMMT_API void vmmt_pool_destroy(vmmt_pool *pool);
 
 /* -------------------------------------------------------------- consumer */
@@ -340,6 +426,7 @@ typedef struct vmmt_consumer vmmt_consumer;
 /* Acknowledge for every consumer rank of the pool (one process serving all). */
 #define VMMT_ALL_RANKS (-1)
 
+/* Grows at its end only (see "Struct versions" at the top). */
 typedef struct vmmt_consumer_config {
     int timeout_ms; /* broker fetch, and waits for a ready flag on the host; default 5000 */
     /*
@@ -355,10 +442,20 @@ typedef struct vmmt_consumer_config {
     int max_pools;
 } vmmt_consumer_config;
 
-VMMT_API void vmmt_consumer_config_init(vmmt_consumer_config *config);
+/* Defaults as documented above. NULL: nothing is written (the thread's error says why). */
+VMMT_API void vmmt_consumer_config_init_size(vmmt_consumer_config *config, size_t size);
+static inline void vmmt_consumer_config_init(vmmt_consumer_config *config)
+{
+    vmmt_consumer_config_init_size(config, sizeof(vmmt_consumer_config));
+}
 
-/* A per-process cache of imported pools; thread-safe. config may be NULL. */
-VMMT_API int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out);
+/* A per-process cache of imported pools. config may be NULL (the defaults). */
+VMMT_API int vmmt_consumer_create_size(const vmmt_consumer_config *config, size_t size,
+                                       vmmt_consumer **out);
+static inline int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out)
+{
+    return vmmt_consumer_create_size(config, sizeof(vmmt_consumer_config), out);
+}
 
 /*
  * Copy the buffer a descriptor names to dst (a device pointer on `device`,
@@ -368,12 +465,22 @@ VMMT_API int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consu
  * grants `device` access. Stream-ordered pools: the copy waits for the
  * producer's ready flag on `stream`, and the call returns without
  * synchronizing. A failed copy still acknowledges, so the slice is released;
- * the descriptor cannot be consumed again.
+ * the descriptor cannot be consumed again. A wait for the ready flag that
+ * failed, or an acknowledgement that could not be written, acknowledges
+ * nothing: the call may be retried. dst must not be 0, and dst + nbytes must
+ * not wrap. A descriptor that names no occupant of its slot (cancelled,
+ * already recycled, or forged) is VMMT_ESTATE, and nothing is written.
  */
 VMMT_API int vmmt_consume(vmmt_consumer *consumer, const vmmt_desc *desc, int device, uint64_t dst,
                           uint64_t dst_size, void *stream, int rank_first, int rank_count);
 
-/* Acknowledge without copying (a dropped request). */
+/*
+ * Acknowledge without copying (a dropped request). The acknowledgement is
+ * written only once the producer's copy has landed: with a shared host table
+ * this call waits for it (at most the consumer's timeout_ms; usually it has
+ * landed); with a device table the stream waits. A failure acknowledges
+ * nothing, and the call may be retried.
+ */
 VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, int device,
                                void *stream, int rank_first, int rank_count);
 
@@ -398,7 +505,7 @@ VMMT_API int vmmt_consumer_check(vmmt_consumer *consumer, const vmmt_desc *desc)
  */
 VMMT_API int vmmt_consumer_evict(vmmt_consumer *consumer, const uint8_t pool_id[16], int device);
 
-/* Pools currently imported. */
+/* Pools currently imported; 0 for NULL. */
 VMMT_API int vmmt_consumer_pool_count(vmmt_consumer *consumer);
 
 /*
@@ -407,6 +514,8 @@ VMMT_API int vmmt_consumer_pool_count(vmmt_consumer *consumer);
  * waits on them; acknowledgements whose copies finish within the timeout are
  * written; a pool with a copy still queued after it stays mapped (leaked,
  * logged) rather than being unmapped under the copy.
+ * Not thread-safe: the last call on the consumer; no other thread may use it
+ * during or after.
  */
 VMMT_API void vmmt_consumer_destroy(vmmt_consumer *consumer);
 

@@ -15,6 +15,7 @@ struct pending {
     CUevent ev; /* owned for the life of the entry; reused */
     int device;
     uint32_t *words, count, gen;
+    const uint32_t *ready; /* the slot's ready word: acknowledge only while it shows gen */
     void (*done)(void *);
     void *arg;
 };
@@ -47,7 +48,12 @@ int vmmt__acker_create(struct vmmt__acker **out)
 static void write_words(struct pending *p)
 {
     for (uint32_t i = 0; i < p->count; i++)
-        vmmt__ctrl_store_newer(&p->words[i], p->gen);
+        if (!vmmt__ctrl_store_ack(&p->words[i], p->ready, p->gen)) {
+            /* Cancelled and recycled meanwhile: no acknowledgement is owed. */
+            vmmt__log(VMMT_LOG_DEBUG,
+                      "acknowledgement of generation %u not written: the slot moved on", p->gen);
+            break;
+        }
     p->done(p->arg);
 }
 
@@ -158,7 +164,8 @@ static int start_thread(struct vmmt__acker *a)
 }
 
 int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32_t *words,
-                      uint32_t count, uint32_t gen, void (*done)(void *), void *arg)
+                      uint32_t count, const uint32_t *ready, uint32_t gen, void (*done)(void *),
+                      void *arg)
 {
     struct pending *p;
     CUresult r;
@@ -169,7 +176,8 @@ int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32
     pthread_mutex_unlock(&a->lock);
     if (st != VMMT_OK) {
         /* No event to wait with: wait for the stream instead, then acknowledge. */
-        struct pending now = {.words = words, .count = count, .gen = gen, .done = done, .arg = arg};
+        struct pending now = {
+            .words = words, .count = count, .gen = gen, .ready = ready, .done = done, .arg = arg};
         vmmt__log(VMMT_LOG_WARN, "%s; acknowledging after a stream synchronize", vmmt_last_error());
         r = vmmt__drv()->cuStreamSynchronize(stream);
         write_words(&now);
@@ -179,6 +187,7 @@ int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32
     p->words = words;
     p->count = count;
     p->gen = gen;
+    p->ready = ready;
     p->done = done;
     p->arg = arg;
     r = vmmt__drv()->cuEventRecord(p->ev, stream);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "abi.h"
 #include "acker.h"
 #include "clock.h"
 #include "consumer_internal.h"
@@ -103,7 +104,8 @@ static struct pack_group *group_for(struct slot_state *s, const struct request *
 
 /*
  * Record the consume in this process's slot state, refusing a descriptor
- * consumed before or one whose slot has moved on; consumer lock held.
+ * consumed before (check_occupant, just before, refused one whose slot has
+ * moved on); consumer lock held.
  */
 static int claim(struct request *rq)
 {
@@ -112,13 +114,9 @@ static int claim(struct request *rq)
     uint64_t all = rq->d.pack_count >= 64 ? ~0ull : (1ull << rq->d.pack_count) - 1;
     struct pack_group *g;
 
+    /* check_occupant vouched for the generation: a different one is a new occupant. */
     if (s->generation != rq->d.generation) {
-        if (s->generation != 0 && (int32_t)(rq->d.generation - s->generation) < 0)
-            return vmmt__fail(VMMT_ESTATE,
-                              "descriptor for slot %u generation %u is stale: this process "
-                              "already saw generation %u there",
-                              rq->d.slot, rq->d.generation, s->generation);
-        /* A newer occupant: groups of the old one will never complete here. */
+        /* A new occupant: groups of the old one will never complete here. */
         for (int i = 0; i < PACK_GROUPS; i++)
             if (s->groups[i].members != 0) rq->pool->open_groups--;
         memset(s, 0, sizeof *s);
@@ -144,9 +142,79 @@ static int claim(struct request *rq)
     return VMMT_OK;
 }
 
-/* dst_size is the room at dst, or UINT64_MAX when nothing is copied. */
+/*
+ * Take back what claim recorded, when the wait for the ready word or the
+ * acknowledgement write failed: nothing was acknowledged, so the caller may
+ * retry. Consumer lock taken here.
+ */
+static void unclaim(vmmt_consumer *c, const struct request *rq)
+{
+    struct slot_state *s = &rq->pool->slots[rq->d.slot];
+    uint64_t bit = 1ull << rq->d.pack_index;
+    uint64_t all = rq->d.pack_count >= 64 ? ~0ull : (1ull << rq->d.pack_count) - 1;
+
+    pthread_mutex_lock(&c->lock);
+    if (s->generation != rq->d.generation) goto out; /* a newer occupant took the state */
+    if (rq->ack_now)
+        for (uint32_t r = rq->first; r < rq->first + rq->count; r++)
+            s->ranks_acked[r / 64] &= ~(1ull << (r % 64));
+    if (rq->d.pack_count <= 1) goto out;
+    for (int i = 0; i < PACK_GROUPS; i++) {
+        struct pack_group *g = &s->groups[i];
+        if (rq->ack_now && g->members == 0) {
+            /* The group was complete and cleared: every member but this one stays done. */
+            g->first = rq->first;
+            g->count = rq->count;
+            g->stream = rq->stream;
+            g->members = all & ~bit;
+            rq->pool->open_groups++; /* partly consumed again: the import must stay */
+            break;
+        }
+        if (!rq->ack_now && g->members != 0 && g->first == rq->first && g->count == rq->count) {
+            g->members &= ~bit;
+            if (g->members == 0) rq->pool->open_groups--;
+            break;
+        }
+    }
+out:
+    pthread_mutex_unlock(&c->lock);
+}
+
+static int load_ready(vmmt_consumer *c, const struct request *rq, uint32_t *v);
+
+/*
+ * Whether the descriptor names the slot's occupant, from the slot's ready
+ * word (vmmt__occupant_of): never from an order of generations, which wraps.
+ * A shared host table costs a load. A device table costs a read through the
+ * pool's stream, done only when this process's own record of the slot does
+ * not vouch for it: the occupant it last saw, or the one after it (whose
+ * wait for the ready word then orders the copy and the acknowledgement).
+ * Consumer lock held.
+ */
+static int check_occupant(vmmt_consumer *c, const struct request *rq)
+{
+    const struct slot_state *s = &rq->pool->slots[rq->d.slot];
+    uint32_t gen = rq->d.generation, ready = 0;
+    int st;
+
+    if (!rq->pool->host_table && ((s->generation != 0 && gen == s->generation) ||
+                                  gen == vmmt__next_generation(s->generation)))
+        return VMMT_OK;
+    st = load_ready(c, rq, &ready);
+    if (st != VMMT_OK)
+        return vmmt__wrap(st, "reading the ready word of slot %u to check generation %u",
+                          rq->d.slot, gen);
+    if (vmmt__occupant_of(ready, gen) != VMMT__OCC_GONE) return VMMT_OK;
+    return vmmt__fail(VMMT_ESTATE,
+                      "descriptor for slot %u generation %u names no occupant of the slot: its "
+                      "ready word holds generation %u, so the descriptor was cancelled, already "
+                      "recycled, or not made by this pool's producer; nothing was acknowledged",
+                      rq->d.slot, gen, ready);
+}
+
+/* copy: dst and dst_size name the destination; 0 for an acknowledgement alone. */
 static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int first, int count,
-                   uint64_t dst, uint64_t dst_size, CUstream stream, struct request *rq)
+                   int copy, uint64_t dst, uint64_t dst_size, CUstream stream, struct request *rq)
 {
     int st;
 
@@ -157,13 +225,14 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
     st = vmmt__desc_decode(desc->bytes, &rq->d);
     if (st == VMMT_OK) st = resolve_ranks(&rq->d, first, count, rq);
     if (st != VMMT_OK) return st;
-    if (dst_size != UINT64_MAX && (dst == 0 || dst_size < rq->d.nbytes))
+    if (copy && (dst == 0 || dst_size < rq->d.nbytes || dst > UINT64_MAX - rq->d.nbytes))
         return vmmt__fail(VMMT_EINVAL,
                           "destination has %" PRIu64 " bytes at 0x%" PRIx64
-                          "; the buffer needs %" PRIu64,
+                          "; the buffer needs %" PRIu64 " (a non-NULL pointer, not wrapping)",
                           dst_size, dst, rq->d.nbytes);
     pthread_mutex_lock(&c->lock);
     st = vmmt__cache_get(c, &rq->d, device, &rq->pool);
+    if (st == VMMT_OK) st = check_occupant(c, rq);
     if (st == VMMT_OK) st = claim(rq);
     if (st == VMMT_OK) vmmt__cache_use(c, rq->pool);
     pthread_mutex_unlock(&c->lock);
@@ -214,6 +283,35 @@ static int read_ready(struct imported *ip, const struct request *rq, CUdeviceptr
     return st;
 }
 
+/* The pool's own stream and pinned word for reading a device table's ready words; poll_lock held.
+ */
+static int open_poll(struct imported *ip)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    int st = VMMT_OK;
+
+    if (ip->host_table || ip->poll_stream != NULL) return VMMT_OK;
+    st = VMMT_CU(d, cuStreamCreate(&ip->poll_stream, CU_STREAM_NON_BLOCKING));
+    if (st == VMMT_OK) st = VMMT_CU(d, cuMemAllocHost((void **)&ip->poll_word, 4));
+    return st;
+}
+
+/* One read of the descriptor's ready word, within the consumer's timeout. */
+static int load_ready(vmmt_consumer *c, const struct request *rq, uint32_t *v)
+{
+    struct imported *ip = rq->pool;
+    CUdeviceptr word = ip->table + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
+    struct timespec until;
+    int st;
+
+    vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
+    pthread_mutex_lock(&ip->poll_lock);
+    st = open_poll(ip);
+    if (st == VMMT_OK) st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, v);
+    pthread_mutex_unlock(&ip->poll_lock);
+    return st;
+}
+
 /*
  * The driver refused a stream wait on the ready word: watch it from the host
  * instead, within the consumer's timeout. A device table is read on a stream
@@ -222,7 +320,6 @@ static int read_ready(struct imported *ip, const struct request *rq, CUdeviceptr
  */
 static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr word)
 {
-    const struct vmmt_drv *d = vmmt__drv();
     struct imported *ip = rq->pool;
     struct timespec until, pause = {0, 20000};
     uint32_t gen = rq->d.generation, v = 0;
@@ -230,17 +327,15 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
 
     vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
     pthread_mutex_lock(&ip->poll_lock);
-    if (!ip->host_table && ip->poll_stream == NULL) {
-        st = VMMT_CU(d, cuStreamCreate(&ip->poll_stream, CU_STREAM_NON_BLOCKING));
-        if (st == VMMT_OK) st = VMMT_CU(d, cuMemAllocHost((void **)&ip->poll_word, 4));
-    }
+    st = open_poll(ip);
     while (st == VMMT_OK) {
         st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, &v);
         if (st != VMMT_OK || v == gen) break;
-        if ((int32_t)(v - gen) > 0) {
+        if (vmmt__occupant_of(v, gen) == VMMT__OCC_GONE) {
             st = vmmt__fail(VMMT_ESTATE,
-                            "slot holds a newer occupant (generation %u, the descriptor names "
-                            "%u): the descriptor was cancelled and its slot reused",
+                            "slot holds another occupant (ready word: generation %u, the "
+                            "descriptor names %u): the descriptor was cancelled and its slot "
+                            "reused",
                             v, gen);
             break;
         }
@@ -279,28 +374,34 @@ static int registered_table(struct imported *ip)
 }
 
 /*
- * Order the copy after the producer's. With a shared host table the flag is
- * usually set already and a load proves it, so the stream needs no wait.
+ * Order the copy (and the acknowledgement) after the producer's copy. With a
+ * shared host table the flag is usually set already and a load proves it, so
+ * the stream needs no wait; *queued says whether a stream wait was enqueued.
+ * (The stream wait is GEQ, the driver's wrap-aware (int32_t)(word - value)
+ * >= 0; check_occupant made sure the generation is the ready word's or the
+ * next, so it cannot be passed by any other occupant.)
  */
-static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
+static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s, int *queued)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr word = rq->pool->table + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
     const uint32_t *host = rq->pool->ctrl.host;
     CUresult r;
 
+    *queued = 0;
     if (!(rq->d.flags & VMMT__DESC_STREAM_ORDERED)) return VMMT_OK;
     /* A shared table is read by the CPU: the flag is usually set already (the
      * descriptor travelled while the producer's copy ran). */
     if (rq->pool->host_table) {
         uint32_t v = vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4);
         if (v == rq->d.generation) return VMMT_OK;
-        /* A newer occupant: this descriptor was cancelled and its slot reused;
+        /* Another occupant: this descriptor was cancelled and its slot reused;
          * a stream wait (>=) would pass and copy someone else's bytes. */
-        if ((int32_t)(v - rq->d.generation) > 0)
+        if (vmmt__occupant_of(v, rq->d.generation) == VMMT__OCC_GONE)
             return vmmt__fail(VMMT_ESTATE,
-                              "slot holds a newer occupant (generation %u, the descriptor names "
-                              "%u): the descriptor was cancelled and its slot reused",
+                              "slot holds another occupant (ready word: generation %u, the "
+                              "descriptor names %u): the descriptor was cancelled and its slot "
+                              "reused",
                               v, rq->d.generation);
         /* Not yet: let the stream wait, which needs the table registered with
          * the driver; that costs once, so it happens only on first need. */
@@ -308,7 +409,10 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s)
         word = rq->pool->ctrl.dev + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
     }
     r = d->cuStreamWaitValue32(s, word, rq->d.generation, CU_STREAM_WAIT_VALUE_GEQ);
-    if (r == CUDA_SUCCESS) return VMMT_OK;
+    if (r == CUDA_SUCCESS) {
+        *queued = 1;
+        return VMMT_OK;
+    }
     return host_wait(c, rq, word);
 }
 
@@ -329,7 +433,7 @@ static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
 {
     /* The call still counts as a user, so the pool cannot go before this. */
     __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
-    return vmmt__acker_defer(c->acker, rq->pool->device, s, NULL, 0, 0, deferred_ack_done,
+    return vmmt__acker_defer(c->acker, rq->pool->device, s, NULL, 0, NULL, 0, deferred_ack_done,
                              rq->pool);
 }
 
@@ -341,24 +445,30 @@ static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
  * CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER with CUDA_ERROR_INVALID_VALUE,
  * tests/gpu/RESULTS.md, 2026-11-29.)
  */
-static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, int after_copy)
+static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, int after_copy,
+                      int *written)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr table = rq->pool->table;
     int st;
 
+    *written = 0;
     if (rq->pool->host_table) {
         uint32_t *first =
             rq->pool->ctrl.host + vmmt__ctrl_ack(0, rq->d.slot_stride, rq->d.slot, rq->first) / 4;
+        const uint32_t *ready =
+            rq->pool->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4;
+        /* A CPU store cannot fail; the acker writes on every path. */
+        *written = 1;
         if (!after_copy) {
-            /* A dropped descriptor: no copy of ours to wait for. */
+            /* A dropped descriptor whose ready word a load showed: nothing to wait for. */
             for (uint32_t r = 0; r < rq->count; r++)
-                vmmt__ctrl_store_newer(&first[r], rq->d.generation);
+                if (!vmmt__ctrl_store_ack(&first[r], ready, rq->d.generation)) break;
             return VMMT_OK;
         }
         __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
-        st = vmmt__acker_defer(c->acker, rq->pool->device, s, first, rq->count, rq->d.generation,
-                               deferred_ack_done, rq->pool);
+        st = vmmt__acker_defer(c->acker, rq->pool->device, s, first, rq->count, ready,
+                               rq->d.generation, deferred_ack_done, rq->pool);
         return st;
     }
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
@@ -385,32 +495,41 @@ int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t d
 {
     struct request rq;
     CUresult r;
-    int st, ack_st;
+    int st, ack_st, queued = 0, written = 0;
 
+    if (c == NULL || desc == NULL)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_consume: consumer and descriptor must not be NULL");
     st = vmmt__ctx_enter(device);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_consume");
-    st = prepare(c, desc, device, rank_first, rank_count, dst, dst_size, (CUstream)stream, &rq);
+    st = prepare(c, desc, device, rank_first, rank_count, 1, dst, dst_size, (CUstream)stream, &rq);
     if (st != VMMT_OK) {
         vmmt__ctx_leave();
         return vmmt__wrap(st, "vmmt_consume");
     }
-    st = wait_ready(c, &rq, (CUstream)stream);
-    if (st == VMMT_OK) {
-        r = vmmt__drv()->cuMemcpyDtoDAsync(dst, rq.pool->map.base + rq.d.offset, rq.d.nbytes,
-                                           (CUstream)stream);
-        if (r != CUDA_SUCCESS)
-            st = vmmt__cu_fail(r, "cuMemcpyDtoDAsync(%" PRIu64 " bytes out of the pool)",
-                               rq.d.nbytes);
+    st = wait_ready(c, &rq, (CUstream)stream, &queued);
+    if (st != VMMT_OK) {
+        /* The occupant's bytes are not known to be there: acknowledge nothing,
+         * and let the caller retry (the producer may be slow, not gone). */
+        unclaim(c, &rq);
+        done(c, &rq);
+        vmmt__ctx_leave();
+        return vmmt__wrap(st, "vmmt_consume");
     }
+    r = vmmt__drv()->cuMemcpyDtoDAsync(dst, rq.pool->map.base + rq.d.offset, rq.d.nbytes,
+                                       (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        st = vmmt__cu_fail(r, "cuMemcpyDtoDAsync(%" PRIu64 " bytes out of the pool)", rq.d.nbytes);
     /* A packed member's copy without the group's acknowledgement yet: the
      * pool stays mapped until the copy is done. */
     if (st == VMMT_OK && !rq.ack_now) st = track_copy(c, &rq, (CUstream)stream);
-    /* Acknowledge even after a failure, so the producer gets the slice back;
-     * the claim above already forbids a retry of this descriptor. */
+    /* Acknowledge even after a failed copy, so the producer gets the slice
+     * back. An acknowledgement that could not be written is taken back, so
+     * the descriptor can be consumed again. */
     if (rq.ack_now) {
         struct vmmt__saved_error e;
         vmmt__error_save(&e);
-        ack_st = write_acks(c, &rq, (CUstream)stream, 1);
+        ack_st = write_acks(c, &rq, (CUstream)stream, 1, &written);
+        if (!written) unclaim(c, &rq);
         if (st != VMMT_OK) vmmt__error_restore(&e);
         if (st == VMMT_OK) st = ack_st;
     }
@@ -425,12 +544,28 @@ int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void 
     struct request rq;
     int st;
 
+    if (c == NULL || desc == NULL)
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_consumer_ack: consumer and descriptor must not be NULL");
     st = vmmt__ctx_enter(device);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_consumer_ack");
-    st = prepare(c, desc, device, rank_first, rank_count, 0, UINT64_MAX, (CUstream)stream, &rq);
+    st = prepare(c, desc, device, rank_first, rank_count, 0, 0, 0, (CUstream)stream, &rq);
     if (st == VMMT_OK) {
+        int queued = 0, written = 0;
+        /* Even a dropped descriptor is acknowledged only once its bytes
+         * landed: before, its acknowledgement could be taken for an occupant
+         * the producer had not yet given out (one generation ahead). A shared
+         * table is watched with loads (the producer's copy is usually done),
+         * so the acknowledgement is written when this returns; a device
+         * table's waits on the stream, ahead of the stream's writes. */
+        if (rq.ack_now && rq.pool->host_table)
+            st = host_wait(c, &rq, 0);
+        else if (rq.ack_now)
+            st = wait_ready(c, &rq, (CUstream)stream, &queued);
         /* Completing a packed group may follow copies of other members on this stream. */
-        if (rq.ack_now) st = write_acks(c, &rq, (CUstream)stream, rq.d.pack_count > 1);
+        if (rq.ack_now && st == VMMT_OK)
+            st = write_acks(c, &rq, (CUstream)stream, rq.d.pack_count > 1 || queued, &written);
+        if (rq.ack_now && !written) unclaim(c, &rq);
         done(c, &rq);
     }
     vmmt__ctx_leave();

@@ -14,9 +14,7 @@
 
 #include "cuabi.h"
 
-#define VMMT__MAX_CONSUMERS 256
-#define VMMT__MAX_PACK      64
-#define VMMT__DATA_ALIGN    256
+#define VMMT__DATA_ALIGN 256
 
 /* Row size in bytes: ready + one word per consumer, padded to 16 bytes. */
 static inline uint32_t vmmt__ctrl_stride(uint32_t consumers)
@@ -34,25 +32,64 @@ static inline uint64_t vmmt__ctrl_ack(uint64_t table, uint32_t stride, uint32_t 
     return vmmt__ctrl_ready(table, stride, slot) + 4u * (1u + rank);
 }
 
-/*
- * Store a generation into a word shared with other processes, unless the word
- * already holds a newer one: acknowledgements written by the CPU may finish
- * out of order (two descriptors of one slot in one sweep), and an older
- * generation must never overwrite a newer occupant's acknowledgement.
- */
-static inline void vmmt__ctrl_store_newer(uint32_t *word, uint32_t gen)
+/* Generations start at 1 and skip 0 on wrap, so a zeroed table matches nothing. */
+static inline uint32_t vmmt__next_generation(uint32_t g)
 {
-    uint32_t cur = __atomic_load_n(word, __ATOMIC_RELAXED);
+    return g + 1 == 0 ? 1 : g + 1;
+}
 
-    while ((int32_t)(gen - cur) > 0 &&
-           !__atomic_compare_exchange_n(word, &cur, gen, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
-        ;
+/*
+ * The generation rule, in one place. The producer gives a slot generation
+ * next(g) only after the slot's ready word showed g (its copy landed) and
+ * the slot was recycled or cancelled, and a publish that fails before its
+ * ready write hands its generation back. So while generation G occupies a
+ * slot, its ready word holds G (copy landed) or the G before it (copy still
+ * running), whatever the wrap: a reader compares for equality with the
+ * ready word and its successor, never by order, which 2^31 generations
+ * without a reader (cancels) would turn around.
+ */
+enum vmmt__occupant {
+    VMMT__OCC_READY,   /* ready == gen: the named occupant is there, its bytes landed */
+    VMMT__OCC_COPYING, /* gen == next(ready): the named occupant's copy may still run */
+    VMMT__OCC_GONE     /* anything else: recycled, cancelled, or never published */
+};
+
+static inline enum vmmt__occupant vmmt__occupant_of(uint32_t ready, uint32_t gen)
+{
+    if (gen != 0 && ready == gen) return VMMT__OCC_READY;
+    if (gen != 0 && gen == vmmt__next_generation(ready)) return VMMT__OCC_COPYING;
+    return VMMT__OCC_GONE;
 }
 
 /* Acquire load of a table word written by another process or a GPU. */
 static inline uint32_t vmmt__ctrl_load(const uint32_t *word)
 {
     return __atomic_load_n(word, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * Acknowledge generation `gen` in a shared table word, only while `ready`
+ * shows gen is the slot's occupant and its bytes landed: 1 if the word holds
+ * gen afterwards, 0 if the occupant is not (or no longer) gen, when nothing
+ * is written. An acknowledgement thus never names a generation before the
+ * producer gave it out (a forged or replayed descriptor ahead of the slot
+ * cannot release the next occupant), and one that finishes late (two of one
+ * slot in one sweep, in any order) never overwrites its successor's: the
+ * compare-and-swap fails if the word changed after it was read, and a
+ * successor's acknowledgement is written only after the ready word moved
+ * on, which the re-read then sees.
+ */
+static inline int vmmt__ctrl_store_ack(uint32_t *word, const uint32_t *ready, uint32_t gen)
+{
+    for (int tries = 0; tries < 1000; tries++) {
+        uint32_t cur = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        if (cur == gen) return 1;
+        if (vmmt__ctrl_load(ready) != gen) return 0;
+        if (__atomic_compare_exchange_n(word, &cur, gen, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 1;
+    }
+    /* Only writers of the same rank's word race here; a thousand lost races is a livelock. */
+    return 0;
 }
 
 /*
@@ -87,11 +124,5 @@ int vmmt__ctrl_register(struct vmmt__ctrl *c);
 
 /* Unregister, unmap, close: whatever was done, in reverse. Needs the context current. */
 void vmmt__ctrl_release(struct vmmt__ctrl *c);
-
-/* Generations start at 1 and skip 0 on wrap, so a zeroed table matches nothing. */
-static inline uint32_t vmmt__next_generation(uint32_t g)
-{
-    return g + 1 == 0 ? 1 : g + 1;
-}
 
 #endif

@@ -10,7 +10,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "abi.h"
 #include "status.h"
+
+/* The codec knows bytes and integers only; it must build without any CUDA type. */
+#ifdef VMMT_CUABI_H
+#error "desc.c must not include cuabi.h (directly or through another header)"
+#endif
 
 /* ------------------------------------------------------------------ layout */
 
@@ -247,178 +253,194 @@ int vmmt__desc_decode(const uint8_t in[VMMT_DESC_SIZE], struct vmmt__desc *d)
 
 /* --------------------------------------------------------------- validate */
 
-static int check_broker(const struct vmmt__broker_addr *b)
+/*
+ * One set of field checks serves every side: a reader (decode: inspect,
+ * consume, ack, cancel) reports VMMT_EPROTO with "corrupt" advice, and the
+ * producer runs the very same checks on the record it is about to publish,
+ * reporting VMMT_EINVAL with advice about the buffer. A record publish
+ * accepts is thus one every reader accepts.
+ */
+struct check_ctx {
+    int status;
+    const char *advice;
+};
+
+static int check_broker(const struct vmmt__broker_addr *b, const struct check_ctx *x)
 {
     if (b->kind != VMMT__BROKER_ABSTRACT && b->kind != VMMT__BROKER_PATH)
-        return vmmt__fail(VMMT_EPROTO,
+        return vmmt__fail(x->status,
                           "descriptor field broker.kind=%u is neither abstract (0) nor a "
-                          "filesystem path (1); " CORRUPT,
-                          b->kind);
+                          "filesystem path (1); %s",
+                          b->kind, x->advice);
     if (b->len < 1 || b->len > VMMT__BROKER_NAME_MAX)
-        return vmmt__fail(VMMT_EPROTO, "descriptor field broker.len=%u is outside 1..%d; " CORRUPT,
-                          b->len, VMMT__BROKER_NAME_MAX);
+        return vmmt__fail(x->status, "descriptor field broker.len=%u is outside 1..%d; %s", b->len,
+                          VMMT__BROKER_NAME_MAX, x->advice);
     if (!all_zero(b->name + b->len, sizeof b->name - b->len))
-        return vmmt__fail(
-            VMMT_EPROTO,
-            "descriptor field broker.name has non-zero bytes past broker.len=%u; " CORRUPT, b->len);
+        return vmmt__fail(x->status,
+                          "descriptor field broker.name has non-zero bytes past broker.len=%u; %s",
+                          b->len, x->advice);
     /* An abstract name is arbitrary bytes; a path ends at its first NUL. */
     if (b->kind == VMMT__BROKER_PATH && memchr(b->name, '\0', b->len) != NULL)
         return vmmt__fail(
-            VMMT_EPROTO,
-            "descriptor field broker.name holds a NUL byte within its %u-byte path; " CORRUPT,
-            b->len);
+            x->status, "descriptor field broker.name holds a NUL byte within its %u-byte path; %s",
+            b->len, x->advice);
     return VMMT_OK;
 }
 
-static int check_handle(const struct vmmt__desc *d)
+static int check_handle(const struct vmmt__desc *d, const struct check_ctx *x)
 {
     if (all_zero(d->pool_id, sizeof d->pool_id))
-        return vmmt__fail(VMMT_EPROTO, "descriptor field pool_id is all zero; " CORRUPT);
+        return vmmt__fail(x->status, "descriptor field pool_id is all zero; %s", x->advice);
     if (d->flags & ~VMMT__DESC_KNOWN_FLAGS)
-        return vmmt__fail(VMMT_EPROTO,
+        return vmmt__fail(x->status,
                           "descriptor field flags=0x%" PRIx32 " has unknown bits 0x%" PRIx32
-                          " (this build knows 0x%x); " CORRUPT,
-                          d->flags, d->flags & ~VMMT__DESC_KNOWN_FLAGS, VMMT__DESC_KNOWN_FLAGS);
+                          " (this build knows 0x%x); %s",
+                          d->flags, d->flags & ~VMMT__DESC_KNOWN_FLAGS, VMMT__DESC_KNOWN_FLAGS,
+                          x->advice);
     if (d->handle_type == VMMT_HANDLE_FABRIC) {
         if (all_zero(d->fabric, sizeof d->fabric))
-            return vmmt__fail(
-                VMMT_EPROTO,
-                "descriptor field fabric is all zero for handle_type=FABRIC; " CORRUPT);
+            return vmmt__fail(x->status,
+                              "descriptor field fabric is all zero for handle_type=FABRIC; %s",
+                              x->advice);
         if (d->broker.kind != 0 || d->broker.len != 0 ||
             !all_zero(d->broker.name, sizeof d->broker.name))
-            return vmmt__fail(VMMT_EPROTO,
+            return vmmt__fail(x->status,
                               "descriptor field broker is set for handle_type=FABRIC, which "
-                              "needs no fd broker; " CORRUPT);
+                              "needs no fd broker; %s",
+                              x->advice);
         return VMMT_OK;
     }
     if (d->handle_type == VMMT_HANDLE_POSIX_FD) {
         if (!all_zero(d->fabric, sizeof d->fabric))
-            return vmmt__fail(VMMT_EPROTO,
-                              "descriptor field fabric is set for handle_type=POSIX_FD; " CORRUPT);
-        return check_broker(&d->broker);
+            return vmmt__fail(x->status,
+                              "descriptor field fabric is set for handle_type=POSIX_FD; %s",
+                              x->advice);
+        return check_broker(&d->broker, x);
     }
-    return vmmt__fail(VMMT_EPROTO,
+    return vmmt__fail(x->status,
                       "descriptor field handle_type=%" PRIu32
-                      " is neither POSIX_FD (1) nor FABRIC (8); " CORRUPT,
-                      d->handle_type);
+                      " is neither POSIX_FD (1) nor FABRIC (8); %s",
+                      d->handle_type, x->advice);
 }
 
-static int check_producer(const struct vmmt__desc *d)
+static int check_producer(const struct vmmt__desc *d, const struct check_ctx *x)
 {
     if (d->producer_device < 0)
-        return vmmt__fail(VMMT_EPROTO,
-                          "descriptor field producer_device=%" PRId32 " is negative; " CORRUPT,
-                          d->producer_device);
+        return vmmt__fail(x->status, "descriptor field producer_device=%" PRId32 " is negative; %s",
+                          d->producer_device, x->advice);
     if (d->producer_pid < 0)
-        return vmmt__fail(VMMT_EPROTO,
-                          "descriptor field producer_pid=%" PRId32 " is negative; " CORRUPT,
-                          d->producer_pid);
+        return vmmt__fail(x->status, "descriptor field producer_pid=%" PRId32 " is negative; %s",
+                          d->producer_pid, x->advice);
     return VMMT_OK;
 }
 
 /* The control table and data region within the allocation; no sum here can wrap. */
-static int check_geometry(const struct vmmt__desc *d)
+static int check_geometry(const struct vmmt__desc *d, const struct check_ctx *x)
 {
     uint64_t table_bytes = (uint64_t)d->table_slots * d->slot_stride;
 
     if (d->consumer_count < 1 || d->consumer_count > VMMT__MAX_CONSUMERS)
-        return vmmt__fail(VMMT_EPROTO,
-                          "descriptor field consumer_count=%" PRIu32 " is outside 1..%d; " CORRUPT,
-                          d->consumer_count, VMMT__MAX_CONSUMERS);
+        return vmmt__fail(x->status,
+                          "descriptor field consumer_count=%" PRIu32 " is outside 1..%d; %s",
+                          d->consumer_count, VMMT__MAX_CONSUMERS, x->advice);
     if (d->table_slots < 1)
-        return vmmt__fail(
-            VMMT_EPROTO, "descriptor field table_slots=0: the control table has no slot; " CORRUPT);
+        return vmmt__fail(x->status,
+                          "descriptor field table_slots=0: the control table has no slot; %s",
+                          x->advice);
     if (d->slot_stride % 4 != 0 || d->slot_stride < 4 * (1 + d->consumer_count))
         return vmmt__fail(
-            VMMT_EPROTO,
+            x->status,
             "descriptor field slot_stride=%" PRIu32 " is not a multiple of 4 of at least %" PRIu32
-            " (a ready word and one ack word for each of %" PRIu32 " consumers); " CORRUPT,
-            d->slot_stride, 4 * (1 + d->consumer_count), d->consumer_count);
+            " (a ready word and one ack word for each of %" PRIu32 " consumers); %s",
+            d->slot_stride, 4 * (1 + d->consumer_count), d->consumer_count, x->advice);
     /* Stream memory operations on the table's words need 4-byte alignment. */
     if (d->table_offset % 4 != 0)
-        return vmmt__fail(VMMT_EPROTO,
-                          "descriptor field table_offset=%" PRIu64
-                          " is not a multiple of 4; " CORRUPT,
-                          d->table_offset);
+        return vmmt__fail(x->status,
+                          "descriptor field table_offset=%" PRIu64 " is not a multiple of 4; %s",
+                          d->table_offset, x->advice);
     if (d->flags & VMMT__DESC_HOST_TABLE) {
         /* The table is a separate shared memfd: the allocation holds only data. */
         if (d->handle_type != VMMT_HANDLE_POSIX_FD || d->table_offset != 0)
-            return vmmt__fail(VMMT_EPROTO,
+            return vmmt__fail(x->status,
                               "descriptor flags name a shared host control table, which only "
                               "POSIX_FD pools have, at table_offset 0 (found handle_type=%" PRIu32
-                              ", table_offset=%" PRIu64 "); " CORRUPT,
-                              d->handle_type, d->table_offset);
+                              ", table_offset=%" PRIu64 "); %s",
+                              d->handle_type, d->table_offset, x->advice);
         if (d->data_offset > d->alloc_size)
-            return vmmt__fail(VMMT_EPROTO,
+            return vmmt__fail(x->status,
                               "descriptor field data_offset=%" PRIu64
-                              " is beyond alloc_size=%" PRIu64 "; " CORRUPT,
-                              d->data_offset, d->alloc_size);
+                              " is beyond alloc_size=%" PRIu64 "; %s",
+                              d->data_offset, d->alloc_size, x->advice);
         return VMMT_OK;
     }
     if (d->table_offset > d->alloc_size || table_bytes > d->alloc_size - d->table_offset)
         return vmmt__fail(
-            VMMT_EPROTO,
+            x->status,
             "descriptor field table_offset=%" PRIu64 " with %" PRIu64 " table bytes (%" PRIu32
-            " slots of %" PRIu32 ") does not fit in alloc_size=%" PRIu64 "; " CORRUPT,
-            d->table_offset, table_bytes, d->table_slots, d->slot_stride, d->alloc_size);
+            " slots of %" PRIu32 ") does not fit in alloc_size=%" PRIu64 "; %s",
+            d->table_offset, table_bytes, d->table_slots, d->slot_stride, d->alloc_size, x->advice);
     if (d->data_offset < d->table_offset + table_bytes || d->data_offset > d->alloc_size)
-        return vmmt__fail(VMMT_EPROTO,
+        return vmmt__fail(x->status,
                           "descriptor field data_offset=%" PRIu64
                           " is not between the end of the control table (%" PRIu64
-                          ") and alloc_size=%" PRIu64 "; " CORRUPT,
-                          d->data_offset, d->table_offset + table_bytes, d->alloc_size);
+                          ") and alloc_size=%" PRIu64 "; %s",
+                          d->data_offset, d->table_offset + table_bytes, d->alloc_size, x->advice);
     return VMMT_OK;
 }
 
-static int check_slot(const struct vmmt__desc *d)
+static int check_slot(const struct vmmt__desc *d, const struct check_ctx *x)
 {
     if (d->slot >= d->table_slots)
-        return vmmt__fail(VMMT_EPROTO,
+        return vmmt__fail(x->status,
                           "descriptor field slot=%" PRIu32 " is outside the control table (%" PRIu32
-                          " slots); " CORRUPT,
-                          d->slot, d->table_slots);
+                          " slots); %s",
+                          d->slot, d->table_slots, x->advice);
     if (d->generation == 0)
-        return vmmt__fail(VMMT_EPROTO,
-                          "descriptor field generation=0 is never used by a producer; " CORRUPT);
+        return vmmt__fail(
+            x->status, "descriptor field generation=0 is never used by a producer; %s", x->advice);
     return VMMT_OK;
 }
 
 /* Slice within the data region, buffer within its slice; compared by differences, never sums. */
-static int check_extent(const struct vmmt__desc *d)
+static int check_extent(const struct vmmt__desc *d, const struct check_ctx *x)
 {
     uint64_t rel;
 
     if (d->slice_offset < d->data_offset || d->slice_offset > d->alloc_size ||
         d->slice_bytes > d->alloc_size - d->slice_offset)
-        return vmmt__fail(VMMT_EPROTO,
+        return vmmt__fail(x->status,
                           "descriptor field slice_offset=%" PRIu64 " slice_bytes=%" PRIu64
-                          " is not inside the data region [%" PRIu64 ", %" PRIu64 "); " CORRUPT,
-                          d->slice_offset, d->slice_bytes, d->data_offset, d->alloc_size);
+                          " is not inside the data region [%" PRIu64 ", %" PRIu64 "); %s",
+                          d->slice_offset, d->slice_bytes, d->data_offset, d->alloc_size,
+                          x->advice);
     rel = d->offset - d->slice_offset;
     if (d->offset < d->slice_offset || rel > d->slice_bytes || d->nbytes > d->slice_bytes - rel)
-        return vmmt__fail(VMMT_EPROTO,
+        return vmmt__fail(x->status,
                           "descriptor field offset=%" PRIu64 " nbytes=%" PRIu64
-                          " is not inside its slice [%" PRIu64 ", +%" PRIu64 "); " CORRUPT,
-                          d->offset, d->nbytes, d->slice_offset, d->slice_bytes);
+                          " is not inside its slice [%" PRIu64 ", +%" PRIu64 "); %s",
+                          d->offset, d->nbytes, d->slice_offset, d->slice_bytes, x->advice);
     return VMMT_OK;
 }
 
-static int check_pack(const struct vmmt__desc *d)
+static int check_pack(const struct vmmt__desc *d, const struct check_ctx *x)
 {
     int packed = (d->flags & VMMT__DESC_PACKED) != 0;
 
     if (d->pack_count < 1)
-        return vmmt__fail(
-            VMMT_EPROTO,
-            "descriptor field pack_count=0; a single publish has pack_count=1; " CORRUPT);
+        return vmmt__fail(x->status,
+                          "descriptor field pack_count=0; a single publish has pack_count=1; %s",
+                          x->advice);
+    /* A reader keeps one bit per member in a 64-bit word: a larger group is no vmmt record. */
+    if (d->pack_count > VMMT__MAX_PACK)
+        return vmmt__fail(x->status, "descriptor field pack_count=%u is above %d; %s",
+                          d->pack_count, VMMT__MAX_PACK, x->advice);
     if (d->pack_index >= d->pack_count)
-        return vmmt__fail(VMMT_EPROTO,
-                          "descriptor field pack_index=%u is not below pack_count=%u; " CORRUPT,
-                          d->pack_index, d->pack_count);
+        return vmmt__fail(x->status,
+                          "descriptor field pack_index=%u is not below pack_count=%u; %s",
+                          d->pack_index, d->pack_count, x->advice);
     if (packed != (d->pack_count > 1))
-        return vmmt__fail(VMMT_EPROTO,
-                          "descriptor field flags: PACKED is %s but pack_count=%u; " CORRUPT,
-                          packed ? "set" : "clear", d->pack_count);
+        return vmmt__fail(x->status, "descriptor field flags: PACKED is %s but pack_count=%u; %s",
+                          packed ? "set" : "clear", d->pack_count, x->advice);
     return VMMT_OK;
 }
 
@@ -441,90 +463,95 @@ static void format_shape(const struct vmmt__desc *d, char *buf, size_t cap)
 
 /* Element size in bytes rounded up to a power of two, capped: what the offset must be aligned to.
  */
-static uint64_t elem_align(const struct vmmt__desc *d)
+uint64_t vmmt__desc_elem_align(uint8_t bits, uint16_t lanes)
 {
-    uint64_t bytes = ((uint64_t)d->dtype_bits * d->dtype_lanes + 7) / 8, a = 1;
+    uint64_t bytes = ((uint64_t)bits * lanes + 7) / 8, a = 1;
 
     while (a < bytes && a < VMMT__DESC_MAX_ELEM_ALIGN)
         a *= 2;
     return a;
 }
 
-static int check_shape(const struct vmmt__desc *d)
+static int check_shape(const struct vmmt__desc *d, const struct check_ctx *x)
 {
     if (d->ndim > VMMT_MAX_DIMS)
-        return vmmt__fail(VMMT_EPROTO, "descriptor field ndim=%" PRIu32 " is above %d; " CORRUPT,
-                          d->ndim, VMMT_MAX_DIMS);
+        return vmmt__fail(x->status, "descriptor field ndim=%" PRIu32 " is above %d; %s", d->ndim,
+                          VMMT_MAX_DIMS, x->advice);
     for (uint32_t i = 0; i < VMMT_MAX_DIMS; i++) {
         if (i < d->ndim && d->shape[i] < 0)
-            return vmmt__fail(VMMT_EPROTO,
-                              "descriptor field shape[%" PRIu32 "]=%" PRId64
-                              " is negative; " CORRUPT,
-                              i, d->shape[i]);
+            return vmmt__fail(x->status,
+                              "descriptor field shape[%" PRIu32 "]=%" PRId64 " is negative; %s", i,
+                              d->shape[i], x->advice);
         if (i >= d->ndim && d->shape[i] != 0)
-            return vmmt__fail(VMMT_EPROTO,
+            return vmmt__fail(x->status,
                               "descriptor field shape[%" PRIu32 "]=%" PRId64
-                              " is set past ndim=%" PRIu32 "; " CORRUPT,
-                              i, d->shape[i], d->ndim);
+                              " is set past ndim=%" PRIu32 "; %s",
+                              i, d->shape[i], d->ndim, x->advice);
     }
     return VMMT_OK;
 }
 
 /* nbytes must be exactly the tensor's bytes; sub-byte types round the last byte up. */
-static int check_dtype(const struct vmmt__desc *d)
+static int check_dtype(const struct vmmt__desc *d, const struct check_ctx *x)
 {
     uint64_t bits = (uint64_t)d->dtype_bits * d->dtype_lanes, total = 1;
     char shape[256];
 
     if (d->dtype_bits == 0) {
         if (d->dtype_code != 0 || d->dtype_lanes != 0)
-            return vmmt__fail(VMMT_EPROTO,
+            return vmmt__fail(x->status,
                               "descriptor field dtype_bits=0 (untyped bytes) but dtype_code=%u "
-                              "dtype_lanes=%u are not 0; " CORRUPT,
-                              d->dtype_code, d->dtype_lanes);
+                              "dtype_lanes=%u are not 0; %s",
+                              d->dtype_code, d->dtype_lanes, x->advice);
         return VMMT_OK;
     }
     if (d->dtype_lanes == 0)
-        return vmmt__fail(VMMT_EPROTO,
-                          "descriptor field dtype_lanes=0 with dtype_bits=%u; " CORRUPT,
-                          d->dtype_bits);
+        return vmmt__fail(x->status, "descriptor field dtype_lanes=0 with dtype_bits=%u; %s",
+                          d->dtype_bits, x->advice);
     format_shape(d, shape, sizeof shape);
     for (uint32_t i = 0; i < d->ndim; i++)
         if (mul_overflows(total, (uint64_t)d->shape[i], &total)) goto overflow;
     if (mul_overflows(total, bits, &total)) goto overflow;
     if (d->nbytes != total / 8 + (total % 8 != 0))
-        return vmmt__fail(VMMT_EPROTO,
+        return vmmt__fail(x->status,
                           "descriptor field nbytes=%" PRIu64 " does not match shape %s of dtype "
-                          "(code %u, bits %u, lanes %u), which is %" PRIu64 " bytes; " CORRUPT,
+                          "(code %u, bits %u, lanes %u), which is %" PRIu64 " bytes; %s",
                           d->nbytes, shape, d->dtype_code, d->dtype_bits, d->dtype_lanes,
-                          total / 8 + (total % 8 != 0));
-    if (d->offset % elem_align(d) != 0)
-        return vmmt__fail(VMMT_EPROTO,
+                          total / 8 + (total % 8 != 0), x->advice);
+    if (d->offset % vmmt__desc_elem_align(d->dtype_bits, d->dtype_lanes) != 0)
+        return vmmt__fail(x->status,
                           "descriptor field offset=%" PRIu64 " is not aligned to %" PRIu64
-                          " bytes, the element size of dtype (bits %u, lanes %u); " CORRUPT,
-                          d->offset, elem_align(d), d->dtype_bits, d->dtype_lanes);
+                          " bytes, the element size of dtype (bits %u, lanes %u); %s",
+                          d->offset, vmmt__desc_elem_align(d->dtype_bits, d->dtype_lanes),
+                          d->dtype_bits, d->dtype_lanes, x->advice);
     return VMMT_OK;
 
 overflow:
-    return vmmt__fail(VMMT_EPROTO,
+    return vmmt__fail(x->status,
                       "descriptor field shape %s with dtype (bits %u, lanes %u) overflows 64 bits "
-                      "of size; " CORRUPT,
-                      shape, d->dtype_bits, d->dtype_lanes);
+                      "of size; %s",
+                      shape, d->dtype_bits, d->dtype_lanes, x->advice);
+}
+
+int vmmt__desc_check(const struct vmmt__desc *d, int status, const char *advice)
+{
+    int (*const checks[])(const struct vmmt__desc *, const struct check_ctx *) = {
+        check_handle, check_producer, check_geometry, check_slot,
+        check_extent, check_pack,     check_shape,    check_dtype,
+    };
+    const struct check_ctx x = {status, advice};
+
+    if (d == NULL) return vmmt__fail(VMMT_EINVAL, "descriptor check: descriptor is NULL");
+    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
+        int st = checks[i](d, &x);
+        if (st != VMMT_OK) return st;
+    }
+    return VMMT_OK;
 }
 
 int vmmt__desc_validate(const struct vmmt__desc *d)
 {
-    int (*const checks[])(const struct vmmt__desc *) = {
-        check_handle, check_producer, check_geometry, check_slot,
-        check_extent, check_pack,     check_shape,    check_dtype,
-    };
-
-    if (d == NULL) return vmmt__fail(VMMT_EINVAL, "descriptor validate: descriptor is NULL");
-    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
-        int st = checks[i](d);
-        if (st != VMMT_OK) return st;
-    }
-    return VMMT_OK;
+    return vmmt__desc_check(d, VMMT_EPROTO, CORRUPT);
 }
 
 /* ------------------------------------------------------------- pool match */
@@ -561,6 +588,27 @@ int vmmt__desc_check_pool(const struct vmmt__desc *d, const struct vmmt__desc *p
     }
     if (d->handle_type != pool->handle_type)
         return differs_u64("handle_type", d->handle_type, pool->handle_type);
+    /* PACKED is the only per-buffer flag; the others say how the pool is
+     * read (a cleared STREAM_ORDERED would skip the wait for the ready word). */
+    if ((d->flags & ~VMMT__DESC_PACKED) != (pool->flags & ~VMMT__DESC_PACKED))
+        return vmmt__fail(VMMT_EPROTO,
+                          "descriptor field flags=0x%" PRIx32
+                          " differs from the imported pool's flags=0x%" PRIx32
+                          " (PACKED aside)" POOL_DIFFERS,
+                          d->flags, pool->flags);
+    if (memcmp(d->fabric, pool->fabric, sizeof d->fabric) != 0)
+        return vmmt__fail(VMMT_EPROTO,
+                          "descriptor field fabric differs from the imported pool's" POOL_DIFFERS);
+    if (d->broker.kind != pool->broker.kind || d->broker.len != pool->broker.len ||
+        memcmp(d->broker.name, pool->broker.name, sizeof d->broker.name) != 0)
+        return vmmt__fail(VMMT_EPROTO,
+                          "descriptor field broker differs from the address the pool was "
+                          "imported from" POOL_DIFFERS);
+    if (d->producer_device != pool->producer_device)
+        return differs_u64("producer_device", (uint64_t)d->producer_device,
+                           (uint64_t)pool->producer_device);
+    if (d->producer_pid != pool->producer_pid)
+        return differs_u64("producer_pid", (uint64_t)d->producer_pid, (uint64_t)pool->producer_pid);
     if (d->alloc_size != pool->alloc_size)
         return differs_u64("alloc_size", d->alloc_size, pool->alloc_size);
     if (d->table_offset != pool->table_offset)
@@ -578,13 +626,18 @@ int vmmt__desc_check_pool(const struct vmmt__desc *d, const struct vmmt__desc *p
 
 /* ------------------------------------------------------------------ public */
 
-int vmmt_desc_inspect(const vmmt_desc *desc, vmmt_desc_info *out)
+#define DESC_INFO_V1 VMMT__SIZE_V1(vmmt_desc_info, pack_count)
+
+int vmmt_desc_inspect_size(const vmmt_desc *desc, vmmt_desc_info *theirs, size_t size)
 {
+    vmmt_desc_info info, *out = &info;
     struct vmmt__desc d;
     int st;
 
-    if (desc == NULL || out == NULL)
+    if (desc == NULL || theirs == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_desc_inspect: desc or out is NULL");
+    st = vmmt__struct_check(theirs, size, DESC_INFO_V1, "vmmt_desc_inspect: out");
+    if (st != VMMT_OK) return st;
     st = vmmt__desc_decode(desc->bytes, &d);
     if (st != VMMT_OK) return st;
     memset(out, 0, sizeof *out);
@@ -601,5 +654,6 @@ int vmmt_desc_inspect(const vmmt_desc *desc, vmmt_desc_info *out)
     out->stream_ordered = (d.flags & VMMT__DESC_STREAM_ORDERED) != 0;
     out->pack_index = d.pack_index;
     out->pack_count = d.pack_count;
-    return VMMT_OK;
+    return vmmt__struct_out(theirs, size, &info, sizeof info, DESC_INFO_V1,
+                            "vmmt_desc_inspect: out");
 }

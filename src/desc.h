@@ -15,6 +15,7 @@
 
 #define VMMT__DESC_VERSION  1
 #define VMMT__MAX_CONSUMERS 256
+#define VMMT__MAX_PACK      64 /* buffers of one packed group: a reader tracks them in 64 bits */
 
 /* flags */
 #define VMMT__DESC_STREAM_ORDERED 1u /* the consumer waits for the ready word on its stream */
@@ -66,12 +67,25 @@ void vmmt__desc_encode(const struct vmmt__desc *d, uint8_t out[VMMT_DESC_SIZE]);
  */
 int vmmt__desc_decode(const uint8_t in[VMMT_DESC_SIZE], struct vmmt__desc *d);
 
-/* The field checks of decode on a decoded form, for the producer before it encodes. */
+/* The field checks of decode on a decoded form: VMMT_EPROTO, "corrupt" advice. */
 int vmmt__desc_validate(const struct vmmt__desc *d);
 
 /*
- * Check a decoded descriptor against the pool geometry the consumer imported
- * earlier: VMMT_EPROTO naming the first field that differs.
+ * The same checks, failing with `status` and ending each message with
+ * `advice`: the producer runs them on every record before it reserves
+ * anything (VMMT_EINVAL, advice about the buffer), so that nothing is
+ * published that a reader would refuse.
+ */
+int vmmt__desc_check(const struct vmmt__desc *d, int status, const char *advice);
+
+/* Element size ceil(bits * lanes / 8) rounded up to a power of two, capped at 256. */
+uint64_t vmmt__desc_elem_align(uint8_t bits, uint16_t lanes);
+
+/*
+ * Check a decoded descriptor against the one the pool was imported (or
+ * created) with: every field that names or describes the pool (pool_id,
+ * handle_type, the flags but PACKED, fabric, broker, producer, consumer_count
+ * and the geometry) must be equal; VMMT_EPROTO naming the first that differs.
  */
 int vmmt__desc_check_pool(const struct vmmt__desc *d, const struct vmmt__desc *pool);
 

@@ -12,30 +12,45 @@
 #include "broker.h"
 #include "clock.h"
 #include "consumer_internal.h"
+#include "abi.h"
 #include "ctrl.h"
 #include "desc.h"
 #include "driver.h"
 #include "status.h"
 #include "vmm.h"
 
-void vmmt_consumer_config_init(vmmt_consumer_config *c)
+#define CONSUMER_CONFIG_V1 VMMT__SIZE_V1(vmmt_consumer_config, max_pools)
+
+static void config_defaults(vmmt_consumer_config *c)
 {
     memset(c, 0, sizeof *c);
     c->timeout_ms = 5000;
     c->max_pools = 16;
 }
 
-int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_consumer **out)
+void vmmt_consumer_config_init_size(vmmt_consumer_config *config, size_t size)
 {
+    vmmt_consumer_config c;
+
+    config_defaults(&c);
+    vmmt__struct_out(config, size, &c, sizeof c, CONSUMER_CONFIG_V1,
+                     "vmmt_consumer_config_init: config");
+}
+
+int vmmt_consumer_create_size(const vmmt_consumer_config *config, size_t size, vmmt_consumer **out)
+{
+    vmmt_consumer_config cfg;
     vmmt_consumer *c;
 
     if (out == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_create: out is NULL");
+    *out = NULL;
+    config_defaults(&cfg);
+    if (config != NULL && vmmt__struct_in(&cfg, sizeof cfg, config, size, CONSUMER_CONFIG_V1,
+                                          "vmmt_consumer_create: config") != VMMT_OK)
+        return vmmt_last_status();
     c = calloc(1, sizeof *c);
     if (c == NULL) return vmmt__fail(VMMT_ENOMEM, "vmmt_consumer_create: no host memory");
-    if (config != NULL)
-        c->cfg = *config;
-    else
-        vmmt_consumer_config_init(&c->cfg);
+    c->cfg = cfg;
     if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = 5000;
     if (c->cfg.max_pools < 0) c->cfg.max_pools = 0;
     if (vmmt__acker_create(&c->acker) != VMMT_OK) {

@@ -32,6 +32,8 @@ void vmmt_set_log(vmmt_log_fn fn, void *user)
 
 void vmmt_set_log_level(vmmt_log_level level)
 {
+    /* A level no message has would silence or flood in ways nobody asked for. */
+    if ((int)level < VMMT_LOG_ERROR || (int)level > VMMT_LOG_DEBUG) return;
     pthread_mutex_lock(&g_lock);
     g_level = (int)level;
     pthread_mutex_unlock(&g_lock);

@@ -9,6 +9,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "abi.h"
 #include "clock.h"
 #include "ctrl.h"
 #include "driver.h"
@@ -28,7 +29,10 @@ const char *vmmt_handoff_name(vmmt_handoff mode)
     return "unknown";
 }
 
-void vmmt_pool_config_init(vmmt_pool_config *c)
+#define POOL_CONFIG_V1 VMMT__SIZE_V1(vmmt_pool_config, device_control_table)
+#define POOL_STATS_V1  VMMT__SIZE_V1(vmmt_pool_stats, broker_refused)
+
+static void config_defaults(vmmt_pool_config *c)
 {
     memset(c, 0, sizeof *c);
     c->max_slices = DEFAULT_SLICES;
@@ -39,8 +43,17 @@ void vmmt_pool_config_init(vmmt_pool_config *c)
     c->timeout_ms = 5000;
 }
 
+void vmmt_pool_config_init_size(vmmt_pool_config *config, size_t size)
+{
+    vmmt_pool_config c;
+
+    config_defaults(&c);
+    vmmt__struct_out(config, size, &c, sizeof c, POOL_CONFIG_V1, "vmmt_pool_config_init: config");
+}
+
 static int check_config(const vmmt_pool_config *c)
 {
+    if (c->device < 0) return vmmt__fail(VMMT_EINVAL, "device=%d is negative", c->device);
     if (c->memory_size == 0) return vmmt__fail(VMMT_EINVAL, "memory_size must be positive");
     if (c->consumer_count <= 0) return vmmt__fail(VMMT_EINVAL, "consumer_count must be positive");
     if (c->consumer_count > VMMT__MAX_CONSUMERS)
@@ -56,6 +69,17 @@ static int check_config(const vmmt_pool_config *c)
         return vmmt__fail(VMMT_EINVAL,
                           "handle_type=none cannot be shared with other processes; use auto, "
                           "posix_fd or fabric");
+    if (c->allowed_uid_count > 0 && c->allowed_uids == NULL)
+        return vmmt__fail(VMMT_EINVAL,
+                          "allowed_uid_count=%zu but allowed_uids is NULL; pass the array, or "
+                          "a count of 0",
+                          c->allowed_uid_count);
+    if (c->allowed_uid_count > 65536)
+        return vmmt__fail(VMMT_EINVAL, "allowed_uid_count=%zu is more than 65536 users",
+                          c->allowed_uid_count);
+    if (c->broker_path != NULL && c->broker_path[0] == '\0')
+        return vmmt__fail(VMMT_EINVAL,
+                          "broker_path is empty; pass NULL for a random abstract name");
     if (c->broker_path != NULL && strlen(c->broker_path) > 107)
         return vmmt__fail(VMMT_EINVAL,
                           "broker_path is %zu bytes; a Unix socket path holds at "
@@ -356,14 +380,19 @@ static int create_steps(struct vmmt_pool *p)
     return st;
 }
 
-int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **out)
+int vmmt_pool_create_size(const vmmt_pool_config *theirs, size_t size, vmmt_pool **out)
 {
+    vmmt_pool_config cfg, *config = &cfg;
     struct vmmt_pool *p;
     int st;
 
-    if (config == NULL || out == NULL)
-        return vmmt__fail(VMMT_EINVAL, "vmmt_pool_create: config and out must not be NULL");
+    if (out == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_create: out is NULL");
     *out = NULL;
+    /* Fields the caller's (older) struct lacks keep their defaults. */
+    config_defaults(&cfg);
+    st =
+        vmmt__struct_in(&cfg, sizeof cfg, theirs, size, POOL_CONFIG_V1, "vmmt_pool_create: config");
+    if (st != VMMT_OK) return st;
     st = check_config(config);
     if (st != VMMT_OK) return vmmt__wrap(st, "creating a vmmt pool");
     p = new_pool();
@@ -538,12 +567,13 @@ void vmmt_pool_destroy(vmmt_pool *p)
     free_pool(p);
 }
 
-int vmmt_pool_get_stats(vmmt_pool *p, vmmt_pool_stats *out)
+int vmmt_pool_get_stats_size(vmmt_pool *p, vmmt_pool_stats *theirs, size_t size)
 {
     struct vmmt__broker_stats bs;
+    vmmt_pool_stats s, *out = &s;
 
-    if (p == NULL || out == NULL)
-        return vmmt__fail(VMMT_EINVAL, "vmmt_pool_get_stats: pool and out must not be NULL");
+    if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_get_stats: pool is NULL");
+    if (theirs == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_get_stats: out is NULL");
     memset(out, 0, sizeof *out);
     memset(&bs, 0, sizeof bs);
     pthread_mutex_lock(&p->lock);
@@ -566,5 +596,5 @@ int vmmt_pool_get_stats(vmmt_pool *p, vmmt_pool_stats *out)
     pthread_mutex_unlock(&p->lock);
     out->broker_served = bs.served;
     out->broker_refused = bs.refused_peer + bs.refused_pool;
-    return VMMT_OK;
+    return vmmt__struct_out(theirs, size, &s, sizeof s, POOL_STATS_V1, "vmmt_pool_get_stats: out");
 }

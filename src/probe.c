@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "abi.h"
 #include "driver.h"
 #include "status.h"
 #include "vmm.h"
@@ -39,6 +40,7 @@ int vmmt_handle_type_parse(const char *name, vmmt_handle_type *out)
 {
     static const vmmt_handle_type all[] = {VMMT_HANDLE_AUTO, VMMT_HANDLE_FABRIC,
                                            VMMT_HANDLE_POSIX_FD, VMMT_HANDLE_NONE};
+    if (out == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_handle_type_parse: out is NULL");
     for (size_t i = 0; name != NULL && i < sizeof all / sizeof all[0]; i++) {
         if (strcmp(name, vmmt_handle_type_name(all[i])) == 0) {
             *out = all[i];
@@ -254,11 +256,15 @@ static int run_probe(int device, vmmt_device_probe *p)
     return VMMT_OK;
 }
 
-int vmmt_probe_device(int device, vmmt_device_probe *out)
+#define DEVICE_PROBE_V1 VMMT__SIZE_V1(vmmt_device_probe, stream_wait_cause)
+
+int vmmt_probe_device_size(int device, vmmt_device_probe *theirs, size_t size)
 {
+    vmmt_device_probe report, *out = &report;
     int st = VMMT_OK;
 
-    if (out == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_probe_device: out is NULL");
+    st = vmmt__struct_check(theirs, size, DEVICE_PROBE_V1, "vmmt_probe_device: out");
+    if (st != VMMT_OK) return st;
     if (device < 0 || device >= MAX_DEVICES)
         return vmmt__fail(VMMT_ENODEV, "device %d is out of range", device);
     pthread_mutex_lock(&g_lock);
@@ -268,6 +274,8 @@ int vmmt_probe_device(int device, vmmt_device_probe *out)
     }
     *out = g_cache[device];
     pthread_mutex_unlock(&g_lock);
+    vmmt__struct_out(theirs, size, &report, sizeof report, DEVICE_PROBE_V1,
+                     "vmmt_probe_device: out");
     if (st != VMMT_OK) return st;
     return out->selected == VMMT_HANDLE_NONE ? fail_unsupported(out) : VMMT_OK;
 }
@@ -279,6 +287,7 @@ int vmmt_select_handle_type(int device, vmmt_handle_type *out)
     const char *env = getenv("VMMT_HANDLE_TYPE");
     int st;
 
+    if (out == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_select_handle_type: out is NULL");
     if (env != NULL && *env != '\0' && vmmt_handle_type_parse(env, &want) != VMMT_OK)
         return vmmt__wrap(VMMT_EINVAL, "VMMT_HANDLE_TYPE");
     st = vmmt_probe_device(device, &p);

@@ -86,7 +86,8 @@ static int release_device_words(struct imported *ip, uint32_t *failed_count)
     for (uint32_t i = 0; st == VMMT_OK && i < g->table_slots; i++) {
         struct slot_state *ss = &ip->slots[i];
         uint32_t ready = copy[vmmt__ctrl_ready(0, g->slot_stride, i) / 4];
-        if (ss->generation == 0 || (int32_t)(ready - ss->generation) >= 0) continue;
+        if (ss->generation == 0 || vmmt__occupant_of(ready, ss->generation) != VMMT__OCC_COPYING)
+            continue;
         ss->failed = 1;
         remember_failed(ip->owner, ip, i, ss->generation);
         (*failed_count)++;
@@ -116,13 +117,19 @@ void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip)
         for (uint32_t i = 0; i < g->table_slots; i++) {
             struct slot_state *ss = &ip->slots[i];
             uint32_t *word = ip->ctrl.host + vmmt__ctrl_ready(0, g->slot_stride, i) / 4;
-            if (ss->generation == 0 || (int32_t)(vmmt__ctrl_load(word) - ss->generation) >= 0)
+            uint32_t ready = vmmt__ctrl_load(word);
+            /* Only an occupant whose copy may still run (ready one generation
+             * behind) is waited on; any other value is another occupant's. */
+            if (ss->generation == 0 ||
+                vmmt__occupant_of(ready, ss->generation) != VMMT__OCC_COPYING)
                 continue;
             /* Marked before the word is set: a stream released by it finds the mark. */
             ss->failed = 1;
             remember_failed(c, ip, i, ss->generation);
             failed++;
-            vmmt__ctrl_store_newer(word, ss->generation);
+            /* Only from the value just read: another consumer may have set it too. */
+            __atomic_compare_exchange_n(word, &ready, ss->generation, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE);
         }
     } else {
         struct vmmt__saved_error e;

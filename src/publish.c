@@ -7,43 +7,24 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "abi.h"
 #include "ctrl.h"
 #include "driver.h"
 #include "pool_internal.h"
 #include "status.h"
 
-/* Element size rounded up to a power of two, at most the slice alignment. */
-static uint64_t element_align(const vmmt_buffer *b)
-{
-    uint64_t bytes = ((uint64_t)b->dtype.bits * (b->dtype.lanes ? b->dtype.lanes : 1) + 7) / 8;
-    uint64_t a = 1;
-
-    while (a < bytes && a < VMMT__DATA_ALIGN)
-        a <<= 1;
-    return a;
-}
-
+/*
+ * What only publish can check: a pointer to copy from and a shape array it
+ * may read. Everything the descriptor records (dtype, shape, nbytes) is
+ * checked by the descriptor's own validator in check_records.
+ */
 static int check_buffer(const vmmt_buffer *b, size_t i)
 {
-    uint64_t elems = 1, bytes;
-
     if (b->nbytes == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has nbytes=0", i);
     if (b->ptr == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has a NULL device pointer", i);
     if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS)
         return vmmt__fail(VMMT_EINVAL, "buffer %zu has ndim=%d; at most %d dimensions", i, b->ndim,
                           VMMT_MAX_DIMS);
-    if (b->dtype.bits == 0) return VMMT_OK;
-    for (int k = 0; k < b->ndim; k++) {
-        if (b->shape[k] < 0 || (b->shape[k] != 0 && elems > UINT64_MAX / (uint64_t)b->shape[k]))
-            return vmmt__fail(VMMT_EINVAL, "buffer %zu has an invalid shape[%d]=%" PRId64, i, k,
-                              b->shape[k]);
-        elems *= (uint64_t)b->shape[k];
-    }
-    bytes = elems * b->dtype.bits * (b->dtype.lanes ? b->dtype.lanes : 1) / 8;
-    if (bytes != b->nbytes)
-        return vmmt__fail(VMMT_EINVAL,
-                          "buffer %zu: shape and dtype give %" PRIu64 " bytes but nbytes=%" PRIu64,
-                          i, bytes, b->nbytes);
     return VMMT_OK;
 }
 
@@ -53,7 +34,8 @@ static int pack_layout(const vmmt_buffer *bufs, size_t n, uint64_t *rel, uint64_
     uint64_t at = 0;
 
     for (size_t i = 0; i < n; i++) {
-        if (vmmt__align_up(at, element_align(&bufs[i]), &at) != VMMT_OK ||
+        if (vmmt__align_up(at, vmmt__desc_elem_align(bufs[i].dtype.bits, bufs[i].dtype.lanes),
+                           &at) != VMMT_OK ||
             at > UINT64_MAX - bufs[i].nbytes)
             return vmmt__fail(VMMT_ETOOBIG, "packed buffers overflow a 64-bit size");
         rel[i] = at;
@@ -63,8 +45,13 @@ static int pack_layout(const vmmt_buffer *bufs, size_t n, uint64_t *rel, uint64_
     return VMMT_OK;
 }
 
-/* Take a slot and a slice; lock held. */
-static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
+/*
+ * Take a slot and a slice, the slot's generation advanced (*prev: the one
+ * before, given back if the publish fails before its ready write, so that a
+ * slot's ready word always holds its occupant's generation or the one
+ * before: ctrl.h, vmmt__occupant_of); lock held.
+ */
+static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot, uint32_t *prev)
 {
     uint64_t off;
     int st;
@@ -73,6 +60,7 @@ static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
     st = vmmt__slab_alloc(p->slab, bytes, VMMT__DATA_ALIGN, &off);
     if (st != VMMT_OK) return st;
     *slot = p->free_slots[--p->free_count];
+    *prev = p->slot[*slot].generation;
     p->slot[*slot].generation = vmmt__next_generation(p->slot[*slot].generation);
     p->slot[*slot].state = SLOT_PUBLISHING;
     p->slot[*slot].slice_offset = off;
@@ -101,17 +89,17 @@ static int fail_full(struct vmmt_pool *p, uint64_t bytes)
 }
 
 /* Reserve, reclaiming once when the pool looks full. The caller is active. */
-static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
+static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot, uint32_t *prev)
 {
     int st;
 
     pthread_mutex_lock(&p->lock);
-    st = reserve_locked(p, bytes, slot);
+    st = reserve_locked(p, bytes, slot, prev);
     if (st == VMMT_EFULL && p->in_flight > 0) {
         pthread_mutex_unlock(&p->lock);
         vmmt__pool_reclaim(p, NULL);
         pthread_mutex_lock(&p->lock);
-        st = p->failed ? vmmt__pool_check_usable(p) : reserve_locked(p, bytes, slot);
+        st = p->failed ? vmmt__pool_check_usable(p) : reserve_locked(p, bytes, slot, prev);
     }
     if (st == VMMT_EFULL) st = fail_full(p, bytes);
     if (st == VMMT_ETOOBIG)
@@ -127,7 +115,7 @@ static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
  * End of a publish: the slot goes in flight, or back to the free lists. A
  * quarantined pool keeps the slice reserved, since its copy may still run.
  */
-static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
+static void finish(struct vmmt_pool *p, uint32_t slot, uint32_t prev, int st, size_t n)
 {
     pthread_mutex_lock(&p->lock);
     if (st == VMMT_OK) {
@@ -138,6 +126,8 @@ static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
         /* The recycler polls on its own while it is not idle: no wake-up to pay. */
         if (p->recycler_idle) pthread_cond_signal(&p->wake);
     } else if (st != VMMT_EFAILED) {
+        /* No ready word was written and no descriptor handed out. */
+        p->slot[slot].generation = prev;
         vmmt__slot_release(p, slot);
     }
     pthread_mutex_unlock(&p->lock);
@@ -149,7 +139,7 @@ static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
  * reused; if even that fails, the pool's state is uncertain.
  */
 static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
-                   uint32_t slot, CUstream s)
+                   uint32_t slot, int wrapped, CUstream s)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr slice = p->map.base + p->data_offset + p->slot[slot].slice_offset;
@@ -158,6 +148,24 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     CUresult r = CUDA_SUCCESS, sr;
     size_t enqueued = 0;
 
+    /* Once per 2^32 - 1 occupants: acknowledgement words left from the last
+     * cycle could hold this very generation; zero (never a generation) them
+     * ahead of the copy, so only an acknowledgement of this occupant counts. */
+    if (wrapped) {
+        if (p->host_table) {
+            uint32_t *ack = p->table_host + vmmt__ctrl_ack(0, p->stride, slot, 0) / 4;
+            for (int i = 0; i < p->cfg.consumer_count; i++)
+                __atomic_store_n(&ack[i], 0, __ATOMIC_RELEASE);
+        } else {
+            r = d->cuMemsetD8Async(vmmt__ctrl_ack(p->ctrl_dev, p->stride, slot, 0), 0,
+                                   4 * (size_t)p->cfg.consumer_count, s);
+            if (r != CUDA_SUCCESS)
+                return vmmt__cu_fail(r,
+                                     "cuMemsetD8Async(acknowledgements of slot %u at "
+                                     "generation wrap)",
+                                     slot);
+        }
+    }
     for (; enqueued < n; enqueued++) {
         r = d->cuMemcpyDtoDAsync(slice + rel[enqueued], bufs[enqueued].ptr, bufs[enqueued].nbytes,
                                  s);
@@ -190,66 +198,110 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     return vmmt__wrap(VMMT_EFAILED, "the pool is quarantined");
 }
 
+/* The record of member i in a slice at slice_offset (from the data region) under slot/gen. */
+static void build(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
+                  size_t i, uint32_t slot, uint32_t gen, uint64_t slice_offset,
+                  uint64_t slice_bytes, struct vmmt__desc *d)
+{
+    *d = p->tmpl;
+    d->slot = slot;
+    d->generation = gen;
+    d->slice_offset = p->data_offset + slice_offset;
+    d->slice_bytes = slice_bytes;
+    d->pack_count = (uint16_t)n;
+    if (n > 1) d->flags |= VMMT__DESC_PACKED;
+    d->pack_index = (uint16_t)i;
+    d->offset = d->slice_offset + rel[i];
+    d->nbytes = bufs[i].nbytes;
+    d->dtype_code = bufs[i].dtype.code;
+    d->dtype_bits = bufs[i].dtype.bits;
+    d->dtype_lanes = bufs[i].dtype.lanes;
+    d->ndim = (uint32_t)bufs[i].ndim;
+    memset(d->shape, 0, sizeof d->shape);
+    memcpy(d->shape, bufs[i].shape, (size_t)bufs[i].ndim * sizeof d->shape[0]);
+}
+
+/*
+ * Before anything is reserved, every member's record is built as it will be
+ * sent (at the start of the data region, in slot 0, generation 1: the slice's
+ * real place keeps every alignment) and put through the readers' validator.
+ * A buffer whose descriptor a consumer would refuse is refused here, so no
+ * slice is ever published that nobody can acknowledge.
+ */
+static int check_records(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                         const uint64_t *rel, uint64_t total)
+{
+    struct vmmt__desc d;
+
+    if (total > p->map.size - p->data_offset)
+        return vmmt__fail(VMMT_ETOOBIG,
+                          "%" PRIu64 " bytes can never fit: the pool's data region holds %" PRIu64
+                          " bytes; publish it another way or create a larger pool",
+                          total, p->map.size - p->data_offset);
+    for (size_t i = 0; i < n; i++) {
+        build(p, bufs, n, rel, i, 0, 1, 0, total, &d);
+        if (vmmt__desc_check(&d, VMMT_EINVAL,
+                             "consumers would refuse this descriptor: fix the buffer's dtype "
+                             "(lanes >= 1 when bits > 0; code and lanes 0 when bits is 0), "
+                             "shape or nbytes (ceil(elements * bits * lanes / 8))") != VMMT_OK)
+            return vmmt__wrap(VMMT_EINVAL, "vmmt_publish: buffer %zu", i);
+    }
+    return VMMT_OK;
+}
+
 static void describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
                      uint32_t slot, vmmt_desc *out)
 {
-    struct vmmt__desc d = p->tmpl;
     const struct vmmt__slot *s = &p->slot[slot];
+    struct vmmt__desc d;
 
-    d.slot = slot;
-    d.generation = s->generation;
-    d.slice_offset = p->data_offset + s->slice_offset;
-    d.slice_bytes = s->slice_bytes;
-    d.pack_count = (uint16_t)n;
-    if (n > 1) d.flags |= VMMT__DESC_PACKED;
     for (size_t i = 0; i < n; i++) {
-        d.pack_index = (uint16_t)i;
-        d.offset = d.slice_offset + rel[i];
-        d.nbytes = bufs[i].nbytes;
-        d.dtype_code = bufs[i].dtype.code;
-        d.dtype_bits = bufs[i].dtype.bits;
-        d.dtype_lanes = bufs[i].dtype.lanes;
-        d.ndim = (uint32_t)bufs[i].ndim;
-        memset(d.shape, 0, sizeof d.shape);
-        memcpy(d.shape, bufs[i].shape, (size_t)bufs[i].ndim * sizeof d.shape[0]);
+        build(p, bufs, n, rel, i, slot, s->generation, s->slice_offset, s->slice_bytes, &d);
         vmmt__desc_encode(&d, out[i].bytes);
     }
 }
 
-int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *stream,
-                        vmmt_desc *out)
+#define BUFFER_V1 VMMT__SIZE_V1(vmmt_buffer, shape)
+
+int vmmt_publish_packed_size(vmmt_pool *p, const vmmt_buffer *theirs, size_t n, size_t buf_size,
+                             void *stream, vmmt_desc *out)
 {
     uint64_t rel[VMMT__MAX_PACK], total = 0;
-    uint32_t slot = 0;
+    vmmt_buffer bufs[VMMT__MAX_PACK];
+    uint32_t slot = 0, prev = 0;
     int st;
 
-    if (p == NULL || bufs == NULL || out == NULL || n == 0)
-        return vmmt__fail(VMMT_EINVAL, "vmmt_publish: pool, buffers and out must be given");
+    if (p == NULL || theirs == NULL || out == NULL || n == 0)
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_publish: pool, buffers and out must be given, count at least 1");
     if (n > VMMT__MAX_PACK)
         return vmmt__fail(VMMT_EINVAL, "a packed publish holds at most %d buffers, got %zu",
                           VMMT__MAX_PACK, n);
+    /* The caller's array, element by element at its own stride, as this library's structs. */
+    for (size_t i = 0; i < n; i++) {
+        memset(&bufs[i], 0, sizeof bufs[i]);
+        st = vmmt__struct_in(&bufs[i], sizeof bufs[i], (const char *)theirs + i * buf_size,
+                             buf_size, BUFFER_V1, "vmmt_publish: buffer");
+        if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_publish: buffer %zu", i);
+    }
     for (size_t i = 0; i < n; i++)
         if ((st = check_buffer(&bufs[i], i)) != VMMT_OK) return st;
     st = pack_layout(bufs, n, rel, &total);
     if (st == VMMT_OK) st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return st;
-    st = reserve(p, total, &slot);
+    st = check_records(p, bufs, n, rel, total);
+    if (st == VMMT_OK) st = reserve(p, total, &slot, &prev);
     if (st == VMMT_OK) {
         st = vmmt__ctx_enter(p->device);
         if (st == VMMT_OK) {
-            st = enqueue(p, bufs, n, rel, slot, (CUstream)stream);
+            st = enqueue(p, bufs, n, rel, slot, prev == UINT32_MAX, (CUstream)stream);
             vmmt__ctx_leave();
         }
         if (st == VMMT_OK) describe(p, bufs, n, rel, slot, out);
-        finish(p, slot, st, n);
+        finish(p, slot, prev, st, n);
     }
     vmmt__pool_leave(p);
     return st;
-}
-
-int vmmt_publish(vmmt_pool *p, const vmmt_buffer *buf, void *stream, vmmt_desc *out)
-{
-    return vmmt_publish_packed(p, buf, 1, stream, out);
 }
 
 int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)

@@ -193,6 +193,8 @@ int vmmt_pool_drain(vmmt_pool *p, int timeout_ms)
     int st;
 
     if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_drain: pool is NULL");
+    if (timeout_ms < 0)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_pool_drain: timeout_ms=%d is negative", timeout_ms);
     vmmt__deadline(&until, (int64_t)timeout_ms * 1000);
     for (;;) {
         st = vmmt__pool_enter(p);

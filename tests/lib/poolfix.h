@@ -41,6 +41,18 @@ void tu_roundtrip(struct fixture *f, size_t n, uint32_t i);
 void sleep_ms(long ms);
 
 /*
+ * A consumer process (tests/children/consumer_child) for ranks [first,
+ * first + count) on `device`, talking over *sock: send_desc hands it a
+ * descriptor to consume as buffer i (NULL with i = UINT32_MAX: exit),
+ * read_reply gives the status of its consume of buffer i, expect_reply
+ * checks it was VMMT_OK with every byte right.
+ */
+void spawn_consumer(int device, int first, int count, int *sock, pid_t *pid);
+void send_desc(int sock, uint32_t i, const vmmt_desc *d);
+int read_reply(int sock, uint32_t i);
+void expect_reply(int sock, uint32_t i);
+
+/*
  * A gate: a word that holds a stream back (cuStreamWaitValue32) until a
  * thread opens it after a delay, to keep GPU work queued on purpose.
  */

@@ -247,3 +247,18 @@ int tu_run_tool(const char *const env[], const char *const args[], char *out, si
     assert_int_equal(waitpid(pid, &status, 0), pid);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
+
+static _Thread_local uint64_t tu_rng = 0x9e3779b97f4a7c15ull;
+
+void tu_rand_seed(uint64_t seed)
+{
+    tu_rng = seed != 0 ? seed : 0x9e3779b97f4a7c15ull;
+}
+
+uint64_t tu_rand(void)
+{
+    tu_rng ^= tu_rng << 13;
+    tu_rng ^= tu_rng >> 7;
+    tu_rng ^= tu_rng << 17;
+    return tu_rng;
+}

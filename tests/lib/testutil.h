@@ -59,6 +59,13 @@ int tu_wait(pid_t pid, int timeout_ms);
  */
 int tu_run_tool(const char *const env[], const char *const args[], char *out, size_t cap);
 
+/*
+ * A small deterministic generator (xorshift64) for property tests, so that a
+ * failing sequence replays from its seed. The seed must not be 0.
+ */
+void tu_rand_seed(uint64_t seed);
+uint64_t tu_rand(void);
+
 /* assert_int_equal with the library's message printed when it fails. */
 #define assert_vmmt_ok(expr)                                                                       \
     do {                                                                                           \

@@ -511,6 +511,18 @@ static void test_reject_pack(void **state)
     d = valid_fd();
     d.flags |= VMMT__DESC_PACKED;
     expect_reject(&d, "PACKED is set but pack_count=1");
+    /* Issue 8, defect 7: a consumer tracks members in 64 bits; pack_count 65535
+     * with pack_index 65000 reached 1ull << 65000 (UBSan) before this bound. */
+    d = valid_packed();
+    d.pack_count = 65535;
+    d.pack_index = 65000;
+    expect_reject(&d, "pack_count=65535 is above 64");
+    d.pack_count = 65;
+    d.pack_index = 64;
+    expect_reject(&d, "pack_count=65 is above 64");
+    d.pack_count = 64;
+    d.pack_index = 63;
+    round_trip(&d);
 }
 
 static void test_reject_tensor(void **state)
@@ -586,7 +598,34 @@ static void test_check_pool(void **state)
 
     /* Another buffer of the same pool matches, whatever its slot, slice and tensor. */
     d = valid_packed();
+    d.broker = pool.broker;
     assert_vmmt_ok(vmmt__desc_check_pool(&d, &pool));
+
+    /* Issue 8, defect 7: every field that names or describes the pool is
+     * compared; before, a cleared STREAM_ORDERED flag passed and the consumer
+     * skipped its wait for the ready word. */
+    d = valid_fd();
+    d.flags &= ~VMMT__DESC_STREAM_ORDERED;
+    expect_pool_differs(&d, &pool, "flags=0x0 differs from the imported pool's flags=0x1");
+    d = valid_fd();
+    d.flags |= VMMT__DESC_HOST_TABLE;
+    expect_pool_differs(&d, &pool, "flags=0x5 differs");
+    d = valid_packed(); /* a different broker address */
+    expect_pool_differs(&d, &pool, "broker differs");
+    d = valid_fd();
+    d.broker.name[3] ^= 1;
+    expect_pool_differs(&d, &pool, "broker differs");
+    d = valid_fd();
+    d.producer_device = 4;
+    expect_pool_differs(&d, &pool, "producer_device=4 differs");
+    d = valid_fd();
+    d.producer_pid = 1;
+    expect_pool_differs(&d, &pool, "producer_pid=1 differs");
+    {
+        struct vmmt__desc fa = valid_fabric(), fb = valid_fabric();
+        fb.fabric[17] ^= 1;
+        expect_pool_differs(&fb, &fa, "fabric differs");
+    }
 
     d = valid_fd();
     d.pool_id[15] ^= 1;
