@@ -229,6 +229,19 @@ typedef enum vmmt_handoff {
 
 VMMT_API const char *vmmt_handoff_name(vmmt_handoff mode);
 
+/*
+ * Where a pool's memory lives. A host pool is pinned host memory shared with
+ * the consumers: its producer writes it with the CPU and needs no CUDA
+ * context and no device memory (a process that never touches the GPU can
+ * publish); consumers copy from it to their device as from a device pool.
+ */
+typedef enum vmmt_memory_location {
+    VMMT_MEMORY_DEVICE = 0, /* device memory of `device` (default) */
+    VMMT_MEMORY_HOST = 1    /* host memory on a NUMA node, exported as a POSIX fd */
+} vmmt_memory_location;
+
+VMMT_API const char *vmmt_memory_location_name(vmmt_memory_location loc);
+
 typedef struct vmmt_pool_config {
     int device;                   /* producer's device; default 0 */
     uint64_t memory_size;         /* bytes of device memory, control table included */
@@ -251,6 +264,14 @@ typedef struct vmmt_pool_config {
      * pools always do. Default 0.
      */
     int device_control_table;
+    /*
+     * VMMT_MEMORY_HOST: the pool lives in host memory (POSIX_FD handles, a
+     * shared host control table); `device` is then only the GPU whose
+     * host NUMA node the memory is placed on, and the one a publish from
+     * device memory copies on. Default VMMT_MEMORY_DEVICE.
+     */
+    vmmt_memory_location memory_location;
+    int host_numa_node; /* host pools: the NUMA node; -1 (default): the device's, else 0 */
 } vmmt_pool_config;
 
 /* Defaults as documented above; memory_size and consumer_count are left 0 and must be set. */
@@ -269,7 +290,11 @@ typedef struct vmmt_buffer {
     vmmt_dtype dtype; /* bits == 0: untyped bytes */
     int ndim;
     int64_t shape[VMMT_MAX_DIMS];
+    int location; /* VMMT_LOC_DEVICE (default): ptr is a device address; VMMT_LOC_HOST: a host one */
 } vmmt_buffer;
+
+/* vmmt_buffer.location */
+enum { VMMT_LOC_DEVICE = 0, VMMT_LOC_HOST = 1 };
 
 /*
  * Copy buf into a free slice on `stream` (a CUstream; NULL for the default
@@ -293,6 +318,36 @@ VMMT_API int vmmt_publish_packed(vmmt_pool *pool, const vmmt_buffer *bufs, size_
  * descriptor again, succeeds and does nothing.
  */
 VMMT_API int vmmt_cancel(vmmt_pool *pool, const vmmt_desc *desc);
+
+/*
+ * Writing in place: a free slice of nbytes for the producer to fill itself
+ * (its own kernel, or a memcpy for a host pool), saving the copy of
+ * vmmt_publish. `ptr` is a device address for a device pool and a host
+ * address (writable by this process's CPU) for a host pool. The slice is the
+ * producer's until vmmt_commit hands it out or vmmt_cancel (with `token`)
+ * gives it back; `token` is no descriptor for consumers.
+ */
+typedef struct vmmt_reservation {
+    uint64_t ptr;
+    uint64_t nbytes;
+    int location;    /* VMMT_LOC_DEVICE or VMMT_LOC_HOST: what ptr is */
+    vmmt_desc token; /* names the reservation for vmmt_commit and vmmt_cancel */
+} vmmt_reservation;
+
+VMMT_API int vmmt_reserve(vmmt_pool *pool, uint64_t nbytes, vmmt_reservation *out);
+
+/*
+ * Publish a reservation: its first `what->nbytes` bytes (at most the
+ * reserved size) with what's dtype and shape; `what` may be NULL for all
+ * reserved bytes, untyped; what->ptr and location are ignored. Device pool:
+ * the ready flag is written on `stream` after whatever filled the slice
+ * there (the call synchronizes for a synchronous hand-off). Host pool: NULL
+ * stream means the CPU wrote the bytes; a stream is synchronized first. A
+ * reservation is committed or cancelled once; a second try is VMMT_ESTATE.
+ * Cancel a reservation only when nothing writes into it any more.
+ */
+VMMT_API int vmmt_commit(vmmt_pool *pool, const vmmt_reservation *res, const vmmt_buffer *what,
+                         void *stream, vmmt_desc *out);
 
 /* Recycle every acknowledged slice now; *freed (if not NULL) counts them. */
 VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
@@ -318,6 +373,9 @@ typedef struct vmmt_pool_stats {
     uint64_t reclaims;      /* control-table reads */
     uint64_t broker_served; /* POSIX_FD descriptors handed to consumers */
     uint64_t broker_refused;
+    vmmt_memory_location memory_location;
+    uint64_t device_bytes; /* device memory the pool holds now (0 for a host pool) */
+    uint64_t host_bytes;   /* pinned host memory of a host pool's allocation */
 } vmmt_pool_stats;
 
 VMMT_API int vmmt_pool_get_stats(vmmt_pool *pool, vmmt_pool_stats *out);

@@ -28,6 +28,15 @@ const char *vmmt_handoff_name(vmmt_handoff mode)
     return "unknown";
 }
 
+const char *vmmt_memory_location_name(vmmt_memory_location loc)
+{
+    switch (loc) {
+    case VMMT_MEMORY_DEVICE: return "device";
+    case VMMT_MEMORY_HOST: return "host";
+    }
+    return "unknown";
+}
+
 void vmmt_pool_config_init(vmmt_pool_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -37,6 +46,8 @@ void vmmt_pool_config_init(vmmt_pool_config *c)
     c->allow_posix_fallback = 1;
     c->handoff = VMMT_HANDOFF_AUTO;
     c->timeout_ms = 5000;
+    c->memory_location = VMMT_MEMORY_DEVICE;
+    c->host_numa_node = -1;
 }
 
 static int check_config(const vmmt_pool_config *c)
@@ -64,6 +75,16 @@ static int check_config(const vmmt_pool_config *c)
     if (c->handoff != VMMT_HANDOFF_AUTO && c->handoff != VMMT_HANDOFF_STREAM &&
         c->handoff != VMMT_HANDOFF_SYNC)
         return vmmt__fail(VMMT_EINVAL, "handoff=%d is not a hand-off mode", (int)c->handoff);
+    if (c->memory_location != VMMT_MEMORY_DEVICE && c->memory_location != VMMT_MEMORY_HOST)
+        return vmmt__fail(VMMT_EINVAL, "memory_location=%d is neither device (0) nor host (1)",
+                          (int)c->memory_location);
+    if (c->memory_location == VMMT_MEMORY_HOST && c->handle_type == VMMT_HANDLE_FABRIC)
+        return vmmt__fail(VMMT_EINVAL,
+                          "a host pool is shared within one node through a POSIX fd; "
+                          "handle_type=fabric needs a device pool");
+    if (c->memory_location == VMMT_MEMORY_HOST && c->device_control_table)
+        return vmmt__fail(VMMT_EINVAL, "a host pool keeps its control table in shared host "
+                                       "memory; device_control_table needs a device pool");
     return VMMT_OK;
 }
 
@@ -72,6 +93,11 @@ static int pick_type(struct vmmt_pool *p)
 {
     int st;
 
+    /* A host pool is POSIX_FD by construction; the probe would need a context. */
+    if (p->host_mem) {
+        p->type = VMMT_HANDLE_POSIX_FD;
+        return VMMT_OK;
+    }
     if (p->cfg.handle_type != VMMT_HANDLE_AUTO) {
         p->type = p->cfg.handle_type;
         return VMMT_OK;
@@ -91,6 +117,7 @@ static int allocate(struct vmmt_pool *p)
     uint64_t size;
     int st;
 
+    if (p->host_mem) return vmmt__host_pool_allocate(p);
     st = vmmt__granularity(p->device, p->type, &gmin, &grec);
     if (st == VMMT_OK) st = vmmt__size_policy(p->cfg.memory_size, gmin, p->cfg.round_up, &size);
     if (st != VMMT_OK) return st;
@@ -149,6 +176,7 @@ static int setup_stream(struct vmmt_pool *p)
     const struct vmmt_drv *d = vmmt__drv();
     int st;
 
+    if (p->host_mem) return vmmt__host_pool_table(p);
     st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
     if (st != VMMT_OK) return st;
     if (p->host_table) {
@@ -256,6 +284,7 @@ static int copy_config(struct vmmt_pool *p, const vmmt_pool_config *c)
         p->cfg.allowed_uids = p->allowed_uids;
     }
     p->device = c->device;
+    p->host_mem = c->memory_location == VMMT_MEMORY_HOST;
     if (getrandom(p->tmpl.pool_id, sizeof p->tmpl.pool_id, 0) != (ssize_t)sizeof p->tmpl.pool_id)
         return vmmt__sys_fail("getrandom for the pool id");
     return VMMT_OK;
@@ -277,7 +306,14 @@ static void release_all(struct vmmt_pool *p)
     p->broker = NULL;
     pthread_mutex_unlock(&p->lock);
     vmmt__broker_stop(b);
-    if (d != NULL && vmmt__ctx_enter(p->device) == VMMT_OK) {
+    /* A host pool that never published from device memory has no context to enter. */
+    if (d != NULL && p->host_mem && !p->device_ready) {
+        vmmt__ctrl_release(&p->ctrl);
+        p->table_host = NULL;
+        if (vmmt__mapping_release(&p->map) != VMMT_OK)
+            vmmt__log(VMMT_LOG_ERROR, "releasing the pool's host memory failed: %s",
+                      vmmt_last_error());
+    } else if (d != NULL && vmmt__ctx_enter(p->device) == VMMT_OK) {
         if (p->stream != NULL) {
             d->cuStreamSynchronize(p->stream);
             d->cuStreamDestroy(p->stream);
@@ -303,6 +339,7 @@ static void free_pool(struct vmmt_pool *p)
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->changed);
     pthread_mutex_destroy(&p->reclaim_lock);
+    pthread_mutex_destroy(&p->dev_lock);
     pthread_mutex_destroy(&p->lock);
     free(p->slot);
     free(p->free_slots);
@@ -319,6 +356,7 @@ static struct vmmt_pool *new_pool(void)
     p->ctrl.fd = -1;
     pthread_mutex_init(&p->lock, NULL);
     pthread_mutex_init(&p->reclaim_lock, NULL);
+    pthread_mutex_init(&p->dev_lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&p->changed, &ca);
@@ -355,15 +393,16 @@ int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **out)
     p = new_pool();
     if (p == NULL) return vmmt__fail(VMMT_ENOMEM, "creating a vmmt pool: no host memory");
     st = copy_config(p, config);
-    if (st == VMMT_OK) st = vmmt__ctx_enter(p->device);
+    /* A host pool's producer needs no context: it may never touch a GPU. */
+    if (st == VMMT_OK && !p->host_mem) st = vmmt__ctx_enter(p->device);
     if (st != VMMT_OK) goto fail_free;
     st = create_steps(p);
-    vmmt__ctx_leave();
+    if (!p->host_mem) vmmt__ctx_leave();
     if (st != VMMT_OK) goto fail_release;
     vmmt__log(VMMT_LOG_INFO,
-              "pool on device %d: %" PRIu64 " bytes, %s handles, %s hand-off, %u "
+              "%s pool for device %d: %" PRIu64 " bytes, %s handles, %s hand-off, %u "
               "slots for %d consumer(s)",
-              p->device, p->map.size, vmmt_handle_type_name(p->type), vmmt_handoff_name(p->handoff),
+              vmmt_memory_location_name(p->cfg.memory_location), p->device, p->map.size, vmmt_handle_type_name(p->type), vmmt_handoff_name(p->handoff),
               p->slots, p->cfg.consumer_count);
     *out = p;
     return VMMT_OK;
@@ -540,6 +579,9 @@ int vmmt_pool_get_stats(vmmt_pool *p, vmmt_pool_stats *out)
     out->reclaims = p->reclaims;
     if (p->broker != NULL) vmmt__broker_stats(p->broker, &bs);
     pthread_mutex_unlock(&p->lock);
+    out->memory_location = p->host_mem ? VMMT_MEMORY_HOST : VMMT_MEMORY_DEVICE;
+    out->device_bytes = p->host_mem ? 0 : out->allocation_size;
+    out->host_bytes = p->host_mem ? out->allocation_size : 0;
     out->broker_served = bs.served;
     out->broker_refused = bs.refused_peer + bs.refused_pool;
     return VMMT_OK;

@@ -235,8 +235,10 @@ int vmmt_publish_packed(vmmt_pool *p, const vmmt_buffer *bufs, size_t n, void *s
     if (st != VMMT_OK) return st;
     st = reserve(p, total, &slot);
     if (st == VMMT_OK) {
-        st = vmmt__ctx_enter(p->device);
-        if (st == VMMT_OK) {
+        /* A host pool copies host memory with the CPU, in no context. */
+        if (p->host_mem)
+            st = vmmt__host_pool_copy(p, bufs, n, rel, slot, (CUstream)stream);
+        else if ((st = vmmt__ctx_enter(p->device)) == VMMT_OK) {
             st = enqueue(p, bufs, n, rel, slot, (CUstream)stream);
             vmmt__ctx_leave();
         }
@@ -268,7 +270,12 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
     if (st != VMMT_OK) return st;
     pthread_mutex_lock(&p->lock);
     s = &p->slot[d.slot];
-    if (s->generation == d.generation && s->state == SLOT_IN_FLIGHT) {
+    if (s->generation == d.generation && s->state == SLOT_RESERVED) {
+        /* Nothing of ours was enqueued: the caller stopped writing (vmmt.h). */
+        p->cancelled++;
+        vmmt__slot_release(p, d.slot);
+        pthread_cond_broadcast(&p->changed);
+    } else if (s->generation == d.generation && s->state == SLOT_IN_FLIGHT) {
         p->cancelled++;
         /* Stream-ordered: the copy may still be running; the recycler frees
          * the slice once the ready flag shows it finished. */
@@ -284,4 +291,32 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
     pthread_mutex_unlock(&p->lock);
     vmmt__pool_leave(p);
     return VMMT_OK;
+}
+
+/* The steps above, for writing in place (reserve.c) and host pools (host_pool.c). */
+int vmmt__publish_check_buffer(const vmmt_buffer *b, size_t i)
+{
+    return check_buffer(b, i);
+}
+
+int vmmt__publish_reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
+{
+    return reserve(p, bytes, slot);
+}
+
+void vmmt__publish_finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
+{
+    finish(p, slot, st, n);
+}
+
+void vmmt__publish_describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                            const uint64_t *rel, uint32_t slot, vmmt_desc *out)
+{
+    describe(p, bufs, n, rel, slot, out);
+}
+
+int vmmt__publish_enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                          const uint64_t *rel, uint32_t slot, CUstream s)
+{
+    return enqueue(p, bufs, n, rel, slot, s);
 }

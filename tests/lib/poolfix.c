@@ -36,7 +36,14 @@ vmmt_pool_config config(uint64_t size, int consumers)
     c.memory_size = size;
     c.consumer_count = consumers;
     c.max_slices = 64;
+    if (pool_kind_host()) c.memory_location = VMMT_MEMORY_HOST;
     return c;
+}
+
+int pool_kind_host(void)
+{
+    const char *k = getenv("VMMT_TEST_POOL_KIND");
+    return k != NULL && strcmp(k, "host") == 0;
 }
 
 int pool_setup(void **state)

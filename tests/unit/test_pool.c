@@ -176,6 +176,7 @@ static void test_fabric_roundtrip(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(8 * MiB, 1);
 
+    if (pool_kind_host()) skip(); /* FABRIC or a device control table: device pools only */
     if (!on_emu()) skip();
     setenv("VMMT_EMU_HANDLES", "fabric,posix_fd", 1);
     vmmt__emu_configure();
@@ -198,6 +199,7 @@ static void test_fabric_fallback(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(8 * MiB, 1);
 
+    if (pool_kind_host()) skip(); /* FABRIC or a device control table: device pools only */
     if (!on_emu()) skip();
     c.handle_type = VMMT_HANDLE_FABRIC;
     c.allow_posix_fallback = 0;
@@ -479,6 +481,7 @@ static void test_sync_handoff_when_wait_refused(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(4 * MiB, 1);
 
+    if (pool_kind_host()) skip(); /* FABRIC or a device control table: device pools only */
     if (!on_emu()) skip();
     setenv("VMMT_EMU_WAIT_IMPORTED", "0", 1);
     vmmt__emu_configure();
@@ -584,6 +587,7 @@ static void test_host_table_default_for_posix(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(4 * MiB, 1);
 
+    if (pool_kind_host()) skip(); /* FABRIC or a device control table: device pools only */
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     assert_true(stats(f->pool).host_control_table);
     assert_int_equal(stats(f->pool).data_bytes, stats(f->pool).allocation_size);
@@ -603,6 +607,7 @@ static void test_device_table_across_processes(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(16 * MiB, 2);
 
+    if (pool_kind_host()) skip(); /* FABRIC or a device control table: device pools only */
     c.device_control_table = 1;
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     multi_process(f, 2, 6, 200000);
