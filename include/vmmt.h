@@ -290,7 +290,8 @@ typedef struct vmmt_buffer {
     vmmt_dtype dtype; /* bits == 0: untyped bytes */
     int ndim;
     int64_t shape[VMMT_MAX_DIMS];
-    int location; /* VMMT_LOC_DEVICE (default): ptr is a device address; VMMT_LOC_HOST: a host one */
+    int location; /* VMMT_LOC_DEVICE (default): ptr is a device address; VMMT_LOC_HOST: a host one
+                   */
 } vmmt_buffer;
 
 /* vmmt_buffer.location */

@@ -58,8 +58,8 @@ struct emu_alloc {
     unsigned types;
     uint64_t cookie;
     int imported; /* from cuMemImportFromShareableHandle: not counted as ours */
-    int host;     /* host-NUMA memory: no device's memory is charged, the CPU may be granted access */
-    int holds;    /* the handle, plus one per mapping */
+    int host;  /* host-NUMA memory: no device's memory is charged, the CPU may be granted access */
+    int holds; /* the handle, plus one per mapping */
     dev_t st_dev;
     ino_t st_ino;
 };
@@ -775,9 +775,10 @@ static CUresult apply_access(struct emu_map *m, const CUmemAccessDesc *desc, siz
     for (size_t i = 0; i < count; i++) {
         uint64_t bit;
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
-            m->host_prot = desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+            m->host_prot = desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                               ? PROT_READ | PROT_WRITE
                            : desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ
-                                                                           : PROT_NONE;
+                                                                            : PROT_NONE;
             continue;
         }
         bit = 1ULL << desc[i].location.id;

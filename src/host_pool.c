@@ -91,12 +91,11 @@ static int map_host(const struct vmmt_drv *d, struct vmmt_pool *p, uint64_t size
     m->size = size;
     r = d->cuMemCreate(&m->handle, size, &prop, 0);
     if (r != CUDA_SUCCESS)
-        return vmmt__cu_fail(r, "cuMemCreate(size=%" PRIu64 ", host NUMA node %d, POSIX_FD)",
-                             size, p->numa);
+        return vmmt__cu_fail(r, "cuMemCreate(size=%" PRIu64 ", host NUMA node %d, POSIX_FD)", size,
+                             p->numa);
     m->have_handle = 1;
     r = d->cuMemAddressReserve(&m->base, size, align, 0, 0);
-    if (r != CUDA_SUCCESS)
-        return vmmt__cu_fail(r, "cuMemAddressReserve(size=%" PRIu64 ")", size);
+    if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "cuMemAddressReserve(size=%" PRIu64 ")", size);
     m->reserved = 1;
     r = d->cuMemMap(m->base, size, 0, m->handle, 0);
     if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "cuMemMap(size=%" PRIu64 ")", size);
@@ -119,9 +118,10 @@ int vmmt__host_pool_allocate(struct vmmt_pool *p)
     host_prop(&prop, p->numa);
     r = d->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (r != CUDA_SUCCESS)
-        return vmmt__cu_fail(r, "cuMemGetAllocationGranularity(host NUMA node %d, POSIX_FD); "
-                                "this driver may not support host-memory VMM allocations "
-                                "(CUDA 12.2 or later); use a device pool",
+        return vmmt__cu_fail(r,
+                             "cuMemGetAllocationGranularity(host NUMA node %d, POSIX_FD); "
+                             "this driver may not support host-memory VMM allocations "
+                             "(CUDA 12.2 or later); use a device pool",
                              p->numa);
     st = vmmt__size_policy(p->cfg.memory_size, gran, p->cfg.round_up, &size);
     if (st != VMMT_OK) return st;
@@ -179,8 +179,9 @@ int vmmt__host_pool_device_setup(struct vmmt_pool *p)
     }
     pthread_mutex_unlock(&p->dev_lock);
     return st == VMMT_OK ? st
-                         : vmmt__wrap(st, "preparing the host pool for a publish from device %d's "
-                                          "memory",
+                         : vmmt__wrap(st,
+                                      "preparing the host pool for a publish from device %d's "
+                                      "memory",
                                       p->device);
 }
 

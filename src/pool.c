@@ -79,9 +79,8 @@ static int check_config(const vmmt_pool_config *c)
         return vmmt__fail(VMMT_EINVAL, "memory_location=%d is neither device (0) nor host (1)",
                           (int)c->memory_location);
     if (c->memory_location == VMMT_MEMORY_HOST && c->handle_type == VMMT_HANDLE_FABRIC)
-        return vmmt__fail(VMMT_EINVAL,
-                          "a host pool is shared within one node through a POSIX fd; "
-                          "handle_type=fabric needs a device pool");
+        return vmmt__fail(VMMT_EINVAL, "a host pool is shared within one node through a POSIX fd; "
+                                       "handle_type=fabric needs a device pool");
     if (c->memory_location == VMMT_MEMORY_HOST && c->device_control_table)
         return vmmt__fail(VMMT_EINVAL, "a host pool keeps its control table in shared host "
                                        "memory; device_control_table needs a device pool");
@@ -402,8 +401,9 @@ int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **out)
     vmmt__log(VMMT_LOG_INFO,
               "%s pool for device %d: %" PRIu64 " bytes, %s handles, %s hand-off, %u "
               "slots for %d consumer(s)",
-              vmmt_memory_location_name(p->cfg.memory_location), p->device, p->map.size, vmmt_handle_type_name(p->type), vmmt_handoff_name(p->handoff),
-              p->slots, p->cfg.consumer_count);
+              vmmt_memory_location_name(p->cfg.memory_location), p->device, p->map.size,
+              vmmt_handle_type_name(p->type), vmmt_handoff_name(p->handoff), p->slots,
+              p->cfg.consumer_count);
     *out = p;
     return VMMT_OK;
 
