@@ -205,9 +205,14 @@ typedef struct vmmt_desc_info {
     vmmt_dtype dtype;
     int ndim;
     int64_t shape[VMMT_MAX_DIMS];
-    int stream_ordered; /* the consumer must wait for the ready word */
-    int pack_index;     /* position within a packed publish */
-    int pack_count;     /* 1 for a single publish */
+    int stream_ordered;  /* the consumer must wait for the ready word */
+    int pack_index;      /* position within a packed publish */
+    int pack_count;      /* 1 for a single publish */
+    int memory_location; /* VMMT_MEMORY_DEVICE or VMMT_MEMORY_HOST */
+    uint64_t chunk_size; /* elastic pools: bytes per chunk; 0 otherwise */
+    uint32_t chunk;      /* the chunk the buffer starts in */
+    uint32_t
+        incarnation; /* which making of that chunk (a chunk given back and made again differs) */
 } vmmt_desc_info;
 
 /*

@@ -267,6 +267,7 @@ static void fill_template(struct vmmt_pool *p)
     t->table_slots = p->slots;
     t->slot_stride = p->stride;
     t->data_offset = p->data_offset;
+    t->memory_location = p->host_mem ? 1 : 0;
 }
 
 static int copy_config(struct vmmt_pool *p, const vmmt_pool_config *c)

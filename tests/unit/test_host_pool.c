@@ -201,6 +201,7 @@ static void reserve_commit_roundtrip(struct fixture *f, int host)
     assert_vmmt_ok(vmmt_desc_inspect(&d, &info));
     assert_int_equal(info.nbytes, 24);
     assert_int_equal(info.shape[1], 3);
+    assert_int_equal(info.memory_location, host ? VMMT_MEMORY_HOST : VMMT_MEMORY_DEVICE);
     assert_int_equal(stats(f->pool).published, 1);
     /* Once only: a second commit, or a cancel that finds it committed, changes nothing. */
     assert_int_equal(vmmt_commit(f->pool, &r, NULL, NULL, &d), VMMT_ESTATE);
