@@ -277,6 +277,19 @@ typedef struct vmmt_pool_config {
      */
     vmmt_memory_location memory_location;
     int host_numa_node; /* host pools: the NUMA node; -1 (default): the device's, else 0 */
+    /*
+     * Elastic device pools: memory_size becomes the most the pool may hold.
+     * Its address range is reserved once; physical chunks of chunk_size back
+     * it only while slices in them are in flight, and a chunk idle for
+     * idle_release_ms goes back to the device. Consumers import each chunk on
+     * first use and keep it until the producer makes it again. A fixed pool is
+     * the case min_resident = memory_size. Needs POSIX_FD (and a shared host
+     * control table). Default 0: one fixed allocation.
+     */
+    int elastic;
+    uint64_t chunk_size;      /* rounded up to the granularity; 0 (default): 4 granularity units */
+    uint64_t min_resident;    /* bytes kept resident from the start, whole chunks; default 0 */
+    uint32_t idle_release_ms; /* default 1500 */
 } vmmt_pool_config;
 
 /* Defaults as documented above; memory_size and consumer_count are left 0 and must be set. */
@@ -382,6 +395,13 @@ typedef struct vmmt_pool_stats {
     vmmt_memory_location memory_location;
     uint64_t device_bytes; /* device memory the pool holds now (0 for a host pool) */
     uint64_t host_bytes;   /* pinned host memory of a host pool's allocation */
+    /* Elastic pools (a fixed pool reports its allocation as resident, peak and max). */
+    uint64_t resident_bytes; /* device memory backing the pool now */
+    uint64_t peak_bytes;     /* the most resident at once */
+    uint64_t max_bytes;      /* the most it may hold */
+    uint64_t chunk_bytes;    /* 0 for a fixed pool */
+    uint64_t chunks_made;    /* chunks created (and exported) */
+    uint64_t chunks_released;
 } vmmt_pool_stats;
 
 VMMT_API int vmmt_pool_get_stats(vmmt_pool *pool, vmmt_pool_stats *out);

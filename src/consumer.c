@@ -18,6 +18,7 @@
 #include "ctrl.h"
 #include "desc.h"
 #include "driver.h"
+#include "elastic.h"
 #include "status.h"
 #include "vmm.h"
 
@@ -48,7 +49,8 @@ struct imported {
     struct vmmt__mapping map;
     int host_table; /* the control table is the shared memfd in ctrl, read and written by CPU */
     struct vmmt__ctrl ctrl;
-    CUdeviceptr table; /* the control table as streams address it */
+    CUdeviceptr table;              /* the control table as streams address it */
+    struct vmmt__chunk_map *chunks; /* elastic pools: chunks mapped on first use (chunks.c) */
     struct slot_state *slots;
     int users; /* consume and ack calls using the mapping, and acknowledgements not yet written */
     uint64_t last_used; /* consumer->clock at the last consume or ack */
@@ -102,6 +104,15 @@ static int release_pool(struct imported *ip)
     const struct vmmt_drv *d = vmmt__drv();
     int st;
 
+    if (ip->chunks != NULL) {
+        st = vmmt__ctx_enter(ip->device);
+        if (st == VMMT_OK) {
+            st = vmmt__chunk_map_destroy(ip->chunks);
+            vmmt__ctx_leave();
+        }
+        if (st != VMMT_OK) return st;
+        ip->chunks = NULL;
+    }
     if ((ip->poll_stream != NULL || ip->host_table) && vmmt__ctx_enter(ip->device) == VMMT_OK) {
         if (ip->poll_stream != NULL) {
             d->cuStreamSynchronize(ip->poll_stream);
@@ -119,6 +130,31 @@ static int release_pool(struct imported *ip)
     pthread_mutex_destroy(&ip->poll_lock);
     free(ip->slots);
     free(ip);
+    return VMMT_OK;
+}
+
+/*
+ * An elastic pool: the broker serves the shared table under the pool's id
+ * (its chunks come one by one, on first use); the range is reserved now.
+ */
+static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
+{
+    uint64_t table = (uint64_t)d->table_slots * d->slot_stride;
+    int fd = -1, st;
+
+    st = vmmt__broker_fetch_fds(&d->broker, d->pool_id, c->cfg.timeout_ms, &fd, 1);
+    if (st == VMMT_OK)
+        st = vmmt__ctrl_attach_shared(
+            fd, table + vmmt__elastic_words_bytes(d->alloc_size, d->chunk_size), 0, &ip->ctrl);
+    if (fd >= 0) close(fd);
+    if (st == VMMT_OK) st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, &ip->chunks);
+    if (st != VMMT_OK) {
+        vmmt__ctrl_release(&ip->ctrl);
+        return st;
+    }
+    /* The mapping object holds nothing: it only lends its base to the copies. */
+    ip->map.base = vmmt__chunk_map_base(ip->chunks);
+    ip->map.size = d->alloc_size;
     return VMMT_OK;
 }
 
@@ -176,6 +212,12 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
         CUmemFabricHandle f;
         memcpy(f.data, d->fabric, sizeof f.data);
         st = vmmt__mapping_import_fabric(device, &f, d->alloc_size, &ip->map);
+    } else if (d->chunk_size != 0) {
+        st = vmmt__ctx_enter(device);
+        if (st == VMMT_OK) {
+            st = import_chunked(c, d, ip);
+            vmmt__ctx_leave();
+        }
     } else {
         st = import_posix(c, d, ip);
     }
@@ -386,6 +428,11 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
         st = vmmt__desc_check_pool(&rq->d, &rq->pool->geometry);
     else
         st = import_pool(c, &rq->d, device, &rq->pool);
+    /* A copy needs the buffer's chunks mapped, at the incarnation the table shows. */
+    if (st == VMMT_OK && rq->pool->chunks != NULL && dst_size != UINT64_MAX)
+        st = vmmt__chunk_map_ensure(
+            rq->pool->chunks,
+            rq->pool->ctrl.host + (uint64_t)rq->d.table_slots * rq->d.slot_stride / 4, &rq->d);
     if (st == VMMT_OK) st = claim(rq);
     if (st == VMMT_OK) {
         rq->pool->users++;

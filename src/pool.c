@@ -48,6 +48,7 @@ void vmmt_pool_config_init(vmmt_pool_config *c)
     c->timeout_ms = 5000;
     c->memory_location = VMMT_MEMORY_DEVICE;
     c->host_numa_node = -1;
+    c->idle_release_ms = 1500;
 }
 
 static int check_config(const vmmt_pool_config *c)
@@ -84,6 +85,13 @@ static int check_config(const vmmt_pool_config *c)
     if (c->memory_location == VMMT_MEMORY_HOST && c->device_control_table)
         return vmmt__fail(VMMT_EINVAL, "a host pool keeps its control table in shared host "
                                        "memory; device_control_table needs a device pool");
+    if (c->elastic && c->memory_location == VMMT_MEMORY_HOST)
+        return vmmt__fail(VMMT_EINVAL, "elastic pools are device pools; a host pool holds no "
+                                       "device memory to give back");
+    if (c->elastic && (c->handle_type == VMMT_HANDLE_FABRIC || c->device_control_table))
+        return vmmt__fail(VMMT_EINVAL, "an elastic pool shares its chunks through POSIX fds and "
+                                       "a shared host control table; use handle_type posix_fd "
+                                       "(or auto) without device_control_table");
     return VMMT_OK;
 }
 
@@ -93,7 +101,7 @@ static int pick_type(struct vmmt_pool *p)
     int st;
 
     /* A host pool is POSIX_FD by construction; the probe would need a context. */
-    if (p->host_mem) {
+    if (p->host_mem || p->cfg.elastic) {
         p->type = VMMT_HANDLE_POSIX_FD;
         return VMMT_OK;
     }
@@ -117,6 +125,7 @@ static int allocate(struct vmmt_pool *p)
     int st;
 
     if (p->host_mem) return vmmt__host_pool_allocate(p);
+    if (p->cfg.elastic) return vmmt__elastic_allocate(p);
     st = vmmt__granularity(p->device, p->type, &gmin, &grec);
     if (st == VMMT_OK) st = vmmt__size_policy(p->cfg.memory_size, gmin, p->cfg.round_up, &size);
     if (st != VMMT_OK) return st;
@@ -179,7 +188,8 @@ static int setup_stream(struct vmmt_pool *p)
     st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
     if (st != VMMT_OK) return st;
     if (p->host_table) {
-        st = vmmt__ctrl_create_shared(p->table_bytes, &p->ctrl);
+        uint64_t words = p->el ? vmmt__elastic_words_bytes(p->map.size, p->el->chunk) : 0;
+        st = vmmt__ctrl_create_shared(p->table_bytes + words, &p->ctrl);
         p->table_host = p->ctrl.host;
         p->ctrl_dev = p->ctrl.dev;
         return st;
@@ -215,15 +225,21 @@ static vmmt_handoff choose_handoff(struct vmmt_pool *p)
 static int start_broker(struct vmmt_pool *p, int fd)
 {
     struct vmmt__broker_config bc;
-    int fds[2] = {fd, p->ctrl.fd};
+    int fds[2] = {fd, p->ctrl.fd}, n = p->host_table ? 2 : 1;
 
     memset(&bc, 0, sizeof bc);
     bc.path = p->cfg.broker_path;
     bc.allowed_uids = (const uid_t *)p->allowed_uids;
     bc.allowed_count = p->cfg.allowed_uid_count;
     bc.timeout_ms = p->cfg.timeout_ms;
+    /* An elastic pool serves its table under the pool's id, each chunk under its own. */
+    if (p->el != NULL) {
+        bc.resolve = vmmt__elastic_resolve;
+        bc.resolve_user = p;
+        return vmmt__broker_start_fds(&fds[1], 1, p->tmpl.pool_id, &bc, &p->broker);
+    }
     /* Consumers get the allocation, and the shared control table where there is one. */
-    return vmmt__broker_start_fds(fds, p->host_table ? 2 : 1, p->tmpl.pool_id, &bc, &p->broker);
+    return vmmt__broker_start_fds(fds, n, p->tmpl.pool_id, &bc, &p->broker);
 }
 
 /* Export, decide the hand-off, start the broker: the exported fd never outlives this call. */
@@ -236,6 +252,10 @@ static int share(struct vmmt_pool *p)
         if (st != VMMT_OK) return st;
         p->handoff = choose_handoff(p);
         return VMMT_OK;
+    }
+    if (p->el != NULL) {
+        p->handoff = choose_handoff(p);
+        return start_broker(p, -1);
     }
     st = vmmt__export_posix_fd(p->map.handle, &fd);
     if (st != VMMT_OK) return st;
@@ -268,6 +288,7 @@ static void fill_template(struct vmmt_pool *p)
     t->slot_stride = p->stride;
     t->data_offset = p->data_offset;
     t->memory_location = p->host_mem ? 1 : 0;
+    t->chunk_size = p->el != NULL ? p->el->chunk : 0;
 }
 
 static int copy_config(struct vmmt_pool *p, const vmmt_pool_config *c)
@@ -319,6 +340,8 @@ static void release_all(struct vmmt_pool *p)
             d->cuStreamDestroy(p->stream);
             p->stream = NULL;
         }
+        /* Chunks first: giving one back clears its word in the table. */
+        if (p->el != NULL && p->el->words != NULL) vmmt__elastic_release(p);
         if (p->host_table)
             vmmt__ctrl_release(&p->ctrl);
         else if (p->table_host != NULL)
@@ -341,6 +364,7 @@ static void free_pool(struct vmmt_pool *p)
     pthread_mutex_destroy(&p->reclaim_lock);
     pthread_mutex_destroy(&p->dev_lock);
     pthread_mutex_destroy(&p->lock);
+    vmmt__elastic_free(p);
     free(p->slot);
     free(p->free_slots);
     free(p->allowed_uids);
@@ -374,6 +398,7 @@ static int create_steps(struct vmmt_pool *p)
     if (st == VMMT_OK) st = layout(p);
     if (st == VMMT_OK) st = alloc_host_state(p);
     if (st == VMMT_OK) st = setup_stream(p);
+    if (st == VMMT_OK && p->el != NULL) st = vmmt__elastic_start(p);
     if (st == VMMT_OK) st = share(p);
     if (st == VMMT_OK) fill_template(p);
     if (st == VMMT_OK) st = vmmt__recycler_start(p);
@@ -582,6 +607,14 @@ int vmmt_pool_get_stats(vmmt_pool *p, vmmt_pool_stats *out)
     pthread_mutex_unlock(&p->lock);
     out->memory_location = p->host_mem ? VMMT_MEMORY_HOST : VMMT_MEMORY_DEVICE;
     out->device_bytes = p->host_mem ? 0 : out->allocation_size;
+    out->resident_bytes = out->peak_bytes = out->max_bytes = out->device_bytes;
+    if (p->el != NULL) {
+        out->device_bytes = out->resident_bytes = p->el->resident;
+        out->peak_bytes = p->el->peak;
+        out->chunk_bytes = p->el->chunk;
+        out->chunks_made = p->el->made;
+        out->chunks_released = p->el->released;
+    }
     out->host_bytes = p->host_mem ? out->allocation_size : 0;
     out->broker_served = bs.served;
     out->broker_refused = bs.refused_peer + bs.refused_pool;

@@ -12,6 +12,7 @@
 #include "ctrl.h"
 #include "cuabi.h"
 #include "desc.h"
+#include "elastic.h"
 #include "slab.h"
 #include "vmm.h"
 #include "vmmt.h"
@@ -80,6 +81,7 @@ struct vmmt_pool {
      */
     int host_mem;
     int numa;
+    struct vmmt__elastic *el; /* elastic pools (elastic.c); NULL for a fixed allocation */
     int device_ready;         /* device access granted and table registered (lock held to set) */
     pthread_mutex_t dev_lock; /* serialises that one-time setup */
 };

@@ -72,6 +72,11 @@ static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
     if (p->free_count == 0) return VMMT_EFULL;
     st = vmmt__slab_alloc(p->slab, bytes, VMMT__DATA_ALIGN, &off);
     if (st != VMMT_OK) return st;
+    /* An elastic pool backs the slice's chunks before handing it out. */
+    if (p->el != NULL && (st = vmmt__elastic_hold(p, off, bytes)) != VMMT_OK) {
+        (void)vmmt__slab_free(p->slab, off);
+        return st;
+    }
     *slot = p->free_slots[--p->free_count];
     p->slot[*slot].generation = vmmt__next_generation(p->slot[*slot].generation);
     p->slot[*slot].state = SLOT_PUBLISHING;
@@ -205,6 +210,7 @@ static void describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, con
     for (size_t i = 0; i < n; i++) {
         d.pack_index = (uint16_t)i;
         d.offset = d.slice_offset + rel[i];
+        vmmt__elastic_describe(p, &d);
         d.nbytes = bufs[i].nbytes;
         d.dtype_code = bufs[i].dtype.code;
         d.dtype_bits = bufs[i].dtype.bits;

@@ -37,7 +37,17 @@ vmmt_pool_config config(uint64_t size, int consumers)
     c.consumer_count = consumers;
     c.max_slices = 64;
     if (pool_kind_host()) c.memory_location = VMMT_MEMORY_HOST;
+    if (pool_kind_elastic()) {
+        c.elastic = 1;
+        c.chunk_size = 1 * MiB;
+    }
     return c;
+}
+
+int pool_kind_elastic(void)
+{
+    const char *k = getenv("VMMT_TEST_POOL_KIND");
+    return k != NULL && strcmp(k, "elastic") == 0;
 }
 
 int pool_kind_host(void)
