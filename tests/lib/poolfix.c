@@ -1,6 +1,9 @@
 #include "poolfix.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <time.h>
 #include <string.h>
 
@@ -193,4 +196,38 @@ void gate_free(struct gate *g)
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(g->blocked), CUDA_SUCCESS);
     vmmt__drv()->cuStreamDestroy(g->stream);
     vmmt__drv()->cuMemFree(g->word);
+}
+
+/* Consumer processes (tests/children/consumer_child.c) on a socket pair. */
+void spawn_consumer(int device, int first, int count, int *sock, pid_t *pid)
+{
+    int sv[2];
+    char dev[16], a[16], b[16];
+    char *argv[] = {dev, a, b, NULL};
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    snprintf(dev, sizeof dev, "%d", device);
+    snprintf(a, sizeof a, "%d", first);
+    snprintf(b, sizeof b, "%d", count);
+    *pid = tu_spawn("consumer_child", argv, sv[1]);
+    assert_true(*pid > 0);
+    close(sv[1]);
+    *sock = sv[0];
+}
+
+void send_desc(int sock, uint32_t i, const vmmt_desc *d)
+{
+    struct tu_msg m;
+    memset(&m, 0, sizeof m);
+    m.index = i;
+    if (d) memcpy(m.desc, d->bytes, sizeof m.desc);
+    assert_int_equal(write(sock, &m, sizeof m), sizeof m);
+}
+
+void expect_reply(int sock, uint32_t i)
+{
+    struct tu_reply r;
+    assert_int_equal(read(sock, &r, sizeof r), sizeof r);
+    assert_int_equal(r.index, i);
+    assert_int_equal(r.status, VMMT_OK);
 }

@@ -48,6 +48,15 @@ void tu_roundtrip(struct fixture *f, size_t n, uint32_t i);
 void sleep_ms(long ms);
 
 /*
+ * A consumer_child on `device` acknowledging ranks [first, first + count):
+ * send_desc hands it descriptor i (NULL with UINT32_MAX ends it),
+ * expect_reply checks it consumed buffer i with the right bytes.
+ */
+void spawn_consumer(int device, int first, int count, int *sock, pid_t *pid);
+void send_desc(int sock, uint32_t i, const vmmt_desc *d);
+void expect_reply(int sock, uint32_t i);
+
+/*
  * A gate: a word that holds a stream back (cuStreamWaitValue32) until a
  * thread opens it after a delay, to keep GPU work queued on purpose.
  */

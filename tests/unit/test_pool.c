@@ -99,39 +99,6 @@ static void test_typed_descriptor(void **state)
     assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, VMMT_ALL_RANKS, 0));
 }
 
-static void spawn_consumer(int device, int first, int count, int *sock, pid_t *pid)
-{
-    int sv[2];
-    char dev[16], a[16], b[16];
-    char *argv[] = {dev, a, b, NULL};
-
-    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-    snprintf(dev, sizeof dev, "%d", device);
-    snprintf(a, sizeof a, "%d", first);
-    snprintf(b, sizeof b, "%d", count);
-    *pid = tu_spawn("consumer_child", argv, sv[1]);
-    assert_true(*pid > 0);
-    close(sv[1]);
-    *sock = sv[0];
-}
-
-static void send_desc(int sock, uint32_t i, const vmmt_desc *d)
-{
-    struct tu_msg m;
-    memset(&m, 0, sizeof m);
-    m.index = i;
-    if (d) memcpy(m.desc, d->bytes, sizeof m.desc);
-    assert_int_equal(write(sock, &m, sizeof m), sizeof m);
-}
-
-static void expect_reply(int sock, uint32_t i)
-{
-    struct tu_reply r;
-    assert_int_equal(read(sock, &r, sizeof r), sizeof r);
-    assert_int_equal(r.index, i);
-    assert_int_equal(r.status, VMMT_OK);
-}
-
 /* Producer here, one consumer process per device, every buffer to every consumer. */
 static void multi_process(struct fixture *f, int consumers, uint32_t count, size_t n)
 {
