@@ -280,6 +280,33 @@ static void test_shutdown_with_open_reservation(void **state)
     assert_int_equal(vmmt_commit(f->pool, &r, NULL, NULL, &d), VMMT_ECLOSED);
 }
 
+/* ------------------------------------------------------------ the CLI */
+
+static void expect_in(const char *hay, const char *needle)
+{
+    if (strstr(hay, needle) == NULL) fail_msg("output lacks \"%s\":\n%s", needle, hay);
+}
+
+static void test_demo_host_and_elastic(void **state)
+{
+    const char *host[] = {"demo", "--host", "--driver", "emu", "--count", "12", "--size", "300K",
+                          NULL};
+    const char *elastic[] = {"demo", "--elastic", "--driver", "emu", "--count", "12", NULL};
+    const char *both[] = {"demo", "--host", "--elastic", "--driver", "emu", NULL};
+    static char out[16384];
+
+    (void)state;
+    assert_int_equal(tu_run_tool(NULL, host, out, sizeof out), 0);
+    expect_in(out, "pool: host memory");
+    expect_in(out, "device memory held by the pool: 0 bytes, no CUDA context made");
+    expect_in(out, "result: OK");
+    assert_int_equal(tu_run_tool(NULL, elastic, out, sizeof out), 0);
+    expect_in(out, "elastic: ");
+    expect_in(out, "result: OK");
+    assert_int_not_equal(tu_run_tool(NULL, both, out, sizeof out), 0);
+    expect_in(out, "--host or --elastic");
+}
+
 /* ------------------------------------------------- emulator model */
 
 static void test_emu_host_numa_model(void **state)
@@ -340,6 +367,7 @@ int main(void)
         T(test_reserve_cancel_and_misuse),
         T(test_shutdown_with_open_reservation),
         T(test_emu_host_numa_model),
+        cmocka_unit_test(test_demo_host_and_elastic),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
