@@ -32,6 +32,7 @@ struct demo {
     int devices;
     int host;    /* --host: a host pool, published from host memory with no context */
     int elastic; /* --elastic: an elastic device pool */
+    double rate; /* --rate: publishes per second at most; 0: as fast as possible */
     uint8_t *hsrc[DEMO_PATTERNS];
     vmmt_pool *pool;
     CUstream stream;
@@ -84,7 +85,7 @@ static int parse(int argc, char **argv, struct demo *o)
         }
         if (strcmp(a, "--help") == 0) {
             printf("usage: vmmt demo [--consumers N] [--size BYTES] [--count N] "
-                   "[--host | --elastic] [--driver cuda|emu]\n");
+                   "[--host | --elastic] [--rate HZ] [--driver cuda|emu]\n");
             exit(0);
         } else if (strcmp(a, "--consumers") == 0 && v) {
             o->consumers = atoi(v);
@@ -94,6 +95,9 @@ static int parse(int argc, char **argv, struct demo *o)
             o->count = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--driver") == 0 && v) {
             o->driver = v;
+        } else if (strcmp(a, "--rate") == 0 && v) {
+            o->rate = strtod(v, NULL);
+            if (!(o->rate >= 0 && o->rate <= 1e6)) goto bad;
         } else {
             goto bad;
         }
@@ -107,7 +111,7 @@ bad:
             "vmmt demo: bad arguments (consumers 1..%d, size like 4M, count >= 1, --host or "
             "--elastic)\n"
             "usage: vmmt demo [--consumers N] [--size BYTES] [--count N] [--host | --elastic] "
-            "[--driver cuda|emu]\n",
+            "[--rate HZ] [--driver cuda|emu]\n",
             MAX_CONSUMERS);
     return CLI_ERROR;
 }
@@ -259,6 +263,12 @@ static int run(struct demo *o, double *elapsed)
     vmmt_desc desc;
 
     for (uint32_t i = 0; i < o->count; i++) {
+        /* Paced (bench/interference.py): publish i no earlier than i / rate seconds in. */
+        while (o->rate > 0 && now_s() < t0 + i / o->rate) {
+            struct timespec pause = {0, 100000};
+            collect(o, 0);
+            nanosleep(&pause, NULL);
+        }
         if (publish(o, i, &desc) != VMMT_OK) {
             printf("vmmt demo: publish %u failed: %s\n", i, vmmt_last_error());
             return CLI_ERROR;
