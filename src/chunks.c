@@ -98,7 +98,6 @@ static int map_chunk(struct vmmt__chunk_map *m, uint32_t k)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr at = m->base + (uint64_t)k * m->chunk;
-    CUmemAccessDesc a;
     uint8_t id[16];
     int fd = -1, st;
 
@@ -109,11 +108,7 @@ static int map_chunk(struct vmmt__chunk_map *m, uint32_t k)
     if (st != VMMT_OK) return vmmt__wrap(st, "importing chunk %u of an elastic pool", k);
     st = VMMT_CU(d, cuMemMap(at, m->chunk, 0, m->handle[k], 0));
     if (st == VMMT_OK) {
-        memset(&a, 0, sizeof a);
-        a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        a.location.id = m->device;
-        a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        st = VMMT_CU(d, cuMemSetAccess(at, m->chunk, &a, 1));
+        st = vmmt__grant_device(at, m->chunk, m->device);
         if (st != VMMT_OK) d->cuMemUnmap(at, m->chunk);
     }
     if (st != VMMT_OK) {

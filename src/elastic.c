@@ -92,7 +92,6 @@ static int make(struct vmmt_pool *p, uint32_t k)
     struct vmmt__chunk *c = &el->c[k];
     CUdeviceptr at = p->map.base + (uint64_t)k * el->chunk;
     CUmemAllocationProp prop;
-    CUmemAccessDesc a;
     int st, mapped = 0;
 
     st = vmmt__ctx_enter(p->device);
@@ -101,13 +100,7 @@ static int make(struct vmmt_pool *p, uint32_t k)
     st = VMMT_CU(d, cuMemCreate(&c->handle, el->chunk, &prop, 0));
     if (st == VMMT_OK) st = VMMT_CU(d, cuMemMap(at, el->chunk, 0, c->handle, 0));
     mapped = st == VMMT_OK;
-    if (st == VMMT_OK) {
-        memset(&a, 0, sizeof a);
-        a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        a.location.id = p->device;
-        a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        st = VMMT_CU(d, cuMemSetAccess(at, el->chunk, &a, 1));
-    }
+    if (st == VMMT_OK) st = vmmt__grant_device(at, el->chunk, p->device);
     if (st == VMMT_OK) st = vmmt__export_posix_fd(c->handle, &c->fd);
     if (st != VMMT_OK) {
         struct vmmt__saved_error e;

@@ -157,18 +157,12 @@ void vmmt__host_pool_set_ready(struct vmmt_pool *p, uint32_t slot, uint32_t gen)
 
 int vmmt__host_pool_device_setup(struct vmmt_pool *p)
 {
-    const struct vmmt_drv *d = vmmt__drv();
-    CUmemAccessDesc a;
     int st = VMMT_OK;
 
     if (__atomic_load_n(&p->device_ready, __ATOMIC_ACQUIRE)) return VMMT_OK;
     pthread_mutex_lock(&p->dev_lock);
     if (!p->device_ready) {
-        memset(&a, 0, sizeof a);
-        a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        a.location.id = p->device;
-        a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        st = VMMT_CU(d, cuMemSetAccess(p->map.base, p->map.size, &a, 1));
+        st = vmmt__grant_device(p->map.base, p->map.size, p->device);
         if (st == VMMT_OK) st = vmmt__ctrl_register(&p->ctrl);
         if (st == VMMT_OK) {
             pthread_mutex_lock(&p->lock);
