@@ -4,7 +4,9 @@
  *
  * One producer owns a bounded pool of device memory, exported once as a
  * shareable handle; consumers import it, copy out what was published for
- * them and acknowledge, so the slice can be reused.
+ * them and acknowledge, so the slice can be reused. A pool may instead be
+ * elastic (device memory in chunks, held only while buffers are in flight)
+ * or live in host memory (its producer then needs no CUDA context at all).
  *
  * Conventions: every function that can fail returns a vmmt_status (VMMT_OK is
  * 0, failures are negative). On failure, vmmt_last_error() gives a message
