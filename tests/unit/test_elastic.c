@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "broker.h"
+#include "desc.h"
 #include "driver.h"
 #include "emu.h"
 #include "pattern.h"
@@ -231,6 +233,37 @@ static void test_elastic_failed_growth(void **state)
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
+/* The broker hands out resident chunks only, by their exact chunk id. */
+static void test_elastic_broker_serves_resident_chunks_only(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = elastic_config(16 * MiB, 1500);
+    vmmt_buffer b = bytes(f->src, 4096);
+    struct vmmt__desc d;
+    vmmt_desc desc;
+    uint8_t id[16];
+    int fd = -1;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &desc));
+    assert_vmmt_ok(vmmt__desc_decode(desc.bytes, &d));
+    vmmt__chunk_id(d.pool_id, 0, id);
+    assert_vmmt_ok(vmmt__broker_fetch_fds(&d.broker, id, 2000, &fd, 1));
+    assert_true(fd >= 0);
+    close(fd);
+    /* Chunk 1 is not resident; chunk 8 does not exist (16 MiB of 2 MiB chunks). */
+    vmmt__chunk_id(d.pool_id, 1, id);
+    assert_int_not_equal(vmmt__broker_fetch_fds(&d.broker, id, 2000, &fd, 1), VMMT_OK);
+    assert_int_equal(fd, -1);
+    vmmt__chunk_id(d.pool_id, 8, id);
+    assert_int_not_equal(vmmt__broker_fetch_fds(&d.broker, id, 2000, &fd, 1), VMMT_OK);
+    /* Another pool's id with our chunk tag is no chunk of ours. */
+    vmmt__chunk_id(d.pool_id, 0, id);
+    id[0] ^= 1;
+    assert_int_not_equal(vmmt__broker_fetch_fds(&d.broker, id, 2000, &fd, 1), VMMT_OK);
+    assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &desc, 0, f->stream, VMMT_ALL_RANKS, 0));
+}
+
 static void test_elastic_config_errors(void **state)
 {
     struct fixture *f = *state;
@@ -262,6 +295,7 @@ int main(void)
         T(test_elastic_remade_chunk_is_imported_again),
         T(test_elastic_remade_chunk_across_processes),
         T(test_elastic_failed_growth),
+        T(test_elastic_broker_serves_resident_chunks_only),
         T(test_elastic_config_errors),
     };
     tu_use_test_driver();
