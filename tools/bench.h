@@ -259,5 +259,11 @@ int bench_peer_main(int argc, char **argv);
 void bench_consume_msg(struct bench_msg *m, const vmmt_desc *desc, uint32_t rank, uint64_t n);
 int bench_rt_vmmt(struct bench_env *e, vmmt_pool *pool, struct bench_peer *peer, uint64_t n,
                   double *us);
+/*
+ * bench_host.c: one sample of the two-process floor, the floor of every row
+ * whose peer is on the producer's GPU: this process copies n bytes and
+ * synchronizes, then the peer does the same and answers.
+ */
+int bench_twoproc_sample(struct bench_env *e, struct bench_peer *peer, uint64_t n, double *us);
 
 #endif

@@ -47,15 +47,24 @@ static int call(struct s10 *t, enum bench_op op, uint32_t rank, uint64_t n)
     return bench_peer_call(&t->peer, &m, 0, &r);
 }
 
-/* Each process copies n bytes on its own stream and synchronizes, in turn. */
-static int twoproc_sample(struct s10 *t, uint64_t n, double *us)
+int bench_twoproc_sample(struct bench_env *e, struct bench_peer *peer, uint64_t n, double *us)
 {
+    struct bench_reply r;
+    struct bench_msg m;
     double t0 = bench_now_us();
-    int st = bench_copy_sample(t->e, t->e->ps, n, us);
+    int st = bench_copy_sample(e, e->ps, n, us);
 
-    if (st == VMMT_OK) st = call(t, BOP_COPY, 0, n);
+    memset(&m, 0, sizeof m);
+    m.h.op = BOP_COPY;
+    m.h.nbytes = n;
+    if (st == VMMT_OK) st = bench_peer_call(peer, &m, 0, &r);
     *us = bench_now_us() - t0;
     return st;
+}
+
+static int twoproc_sample(struct s10 *t, uint64_t n, double *us)
+{
+    return bench_twoproc_sample(t->e, &t->peer, n, us);
 }
 
 static int memfd_sample(struct s10 *t, uint64_t n, double *us)
