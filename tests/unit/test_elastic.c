@@ -264,6 +264,53 @@ static void test_elastic_broker_serves_resident_chunks_only(void **state)
     assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &desc, 0, f->stream, VMMT_ALL_RANKS, 0));
 }
 
+/* The descriptor's chunk fields are checked before anything is mapped. */
+static void test_elastic_descriptor_fields_checked(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = elastic_config(16 * MiB, 1500);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d, bad;
+    vmmt_desc_info info;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_vmmt_ok(vmmt_desc_inspect(&d, &info));
+    assert_int_equal(info.chunk_size, CHUNK);
+    assert_int_equal(info.memory_location, VMMT_MEMORY_DEVICE);
+    bad = d;
+    bad.bytes[488] = 3; /* chunk 3, but the buffer starts in chunk 0 */
+    assert_int_equal(vmmt_desc_inspect(&bad, &info), VMMT_EPROTO);
+    assert_error_contains("names chunk 3");
+    bad = d;
+    memset(bad.bytes + 492, 0, 4); /* incarnation 0 */
+    assert_int_equal(vmmt_desc_inspect(&bad, &info), VMMT_EPROTO);
+    bad = d;
+    bad.bytes[480] = 1; /* chunk_size not a multiple of a page */
+    assert_int_equal(vmmt_desc_inspect(&bad, &info), VMMT_EPROTO);
+    assert_error_contains("chunk_size=");
+    bad = d;
+    bad.bytes[496] = 2;
+    assert_int_equal(vmmt_desc_inspect(&bad, &info), VMMT_EPROTO);
+    assert_error_contains("memory_location=2");
+    /* Refused by the consumer too, and the real one still goes through. */
+    assert_int_equal(
+        vmmt_consume(f->consumer, &bad, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+        VMMT_EPROTO);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    vmmt_pool_destroy(f->pool);
+    f->pool = NULL;
+    /* A fixed pool's descriptor names no chunk. */
+    c = config(8 * MiB, 1);
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    bad = d;
+    bad.bytes[492] = 1;
+    assert_int_equal(vmmt_desc_inspect(&bad, &info), VMMT_EPROTO);
+    assert_error_contains("of a pool without chunks");
+    assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, VMMT_ALL_RANKS, 0));
+}
+
 static void test_elastic_config_errors(void **state)
 {
     struct fixture *f = *state;
@@ -296,6 +343,7 @@ int main(void)
         T(test_elastic_remade_chunk_across_processes),
         T(test_elastic_failed_growth),
         T(test_elastic_broker_serves_resident_chunks_only),
+        T(test_elastic_descriptor_fields_checked),
         T(test_elastic_config_errors),
     };
     tu_use_test_driver();
