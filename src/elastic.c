@@ -25,6 +25,26 @@
 #define DEFAULT_CHUNK_UNITS 4
 #define MAX_CHUNKS          65536u
 
+int vmmt__elastic_check_type(struct vmmt_pool *p)
+{
+    vmmt_device_probe probe;
+    const vmmt_handle_probe *posix = &probe.candidates[1];
+
+    int st = vmmt_probe_device(p->device, &probe);
+
+    /* With no shareable type at all the probe fails, but still fills every candidate. */
+    if (posix->type != VMMT_HANDLE_POSIX_FD)
+        return st != VMMT_OK ? st
+                             : vmmt__fail(VMMT_ESTATE, "the device probe has no POSIX_FD entry");
+    if (!posix->works)
+        return vmmt__fail(VMMT_ENOTSUP,
+                          "an elastic pool exports its chunks as POSIX fds, and POSIX_FD does not "
+                          "work on device %d: %s; use a fixed pool",
+                          p->device, posix->cause);
+    p->type = VMMT_HANDLE_POSIX_FD;
+    return VMMT_OK;
+}
+
 int vmmt__elastic_allocate(struct vmmt_pool *p)
 {
     const struct vmmt_drv *d = vmmt__drv();

@@ -46,6 +46,8 @@ static inline uint64_t vmmt__elastic_words_bytes(uint64_t alloc_size, uint64_t c
 
 /* ----------------------------------------------------- producer (elastic.c) */
 
+/* POSIX_FD must work on the device (the probe's real allocation); sets p->type. */
+int vmmt__elastic_check_type(struct vmmt_pool *p);
 /* Choose the chunk size and reserve the range; fills p->map (reserved only) and p->el. */
 int vmmt__elastic_allocate(struct vmmt_pool *p);
 /* Make the chunks kept resident; after the shared table exists (context current). */

@@ -101,10 +101,12 @@ static int pick_type(struct vmmt_pool *p)
     int st;
 
     /* A host pool is POSIX_FD by construction; the probe would need a context. */
-    if (p->host_mem || p->cfg.elastic) {
+    if (p->host_mem) {
         p->type = VMMT_HANDLE_POSIX_FD;
         return VMMT_OK;
     }
+    /* An elastic pool may make no chunk until its first publish: know now that POSIX_FD works. */
+    if (p->cfg.elastic) return vmmt__elastic_check_type(p);
     if (p->cfg.handle_type != VMMT_HANDLE_AUTO) {
         p->type = p->cfg.handle_type;
         return VMMT_OK;
@@ -604,7 +606,6 @@ int vmmt_pool_get_stats(vmmt_pool *p, vmmt_pool_stats *out)
     out->full = p->full;
     out->reclaims = p->reclaims;
     if (p->broker != NULL) vmmt__broker_stats(p->broker, &bs);
-    pthread_mutex_unlock(&p->lock);
     out->memory_location = p->host_mem ? VMMT_MEMORY_HOST : VMMT_MEMORY_DEVICE;
     out->device_bytes = p->host_mem ? 0 : out->allocation_size;
     out->resident_bytes = out->peak_bytes = out->max_bytes = out->device_bytes;
@@ -616,6 +617,7 @@ int vmmt_pool_get_stats(vmmt_pool *p, vmmt_pool_stats *out)
         out->chunks_released = p->el->released;
     }
     out->host_bytes = p->host_mem ? out->allocation_size : 0;
+    pthread_mutex_unlock(&p->lock);
     out->broker_served = bs.served;
     out->broker_refused = bs.refused_peer + bs.refused_pool;
     return VMMT_OK;

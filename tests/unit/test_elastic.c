@@ -329,6 +329,16 @@ static void test_elastic_config_errors(void **state)
     c = elastic_config(1 * MiB, 1500);
     assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
     assert_error_contains("whole chunks");
+    if (on_emu()) {
+        /* Without POSIX_FD the first chunk could never be exported: refused at creation. */
+        setenv("VMMT_EMU_HANDLES", "fabric", 1);
+        vmmt__emu_configure();
+        vmmt_probe_reset();
+        c = elastic_config(16 * MiB, 1500);
+        assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_ENOTSUP);
+        assert_error_contains("POSIX_FD does not work on device 0");
+        emu_reset();
+    }
     assert_null(f->pool);
 }
 
