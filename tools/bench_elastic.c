@@ -60,12 +60,12 @@ static int wait_empty(struct s11 *t)
 {
     vmmt_pool_stats s;
 
-    for (int i = 0; i < 200; i++) {
+    for (int i = 0; i < 1000; i++) {
         if (vmmt_pool_get_stats(t->elastic, &s) != VMMT_OK) return VMMT_EFAILED;
         if (s.resident_bytes == 0) return VMMT_OK;
         pause_ms(5);
     }
-    return vmmt__fail(VMMT_ETIMEDOUT, "the elastic pool kept %llu bytes after 1 s idle",
+    return vmmt__fail(VMMT_ETIMEDOUT, "the elastic pool kept %llu bytes after 5 s idle",
                       (unsigned long long)s.resident_bytes);
 }
 
