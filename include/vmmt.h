@@ -319,7 +319,10 @@ enum { VMMT_LOC_DEVICE = 0, VMMT_LOC_HOST = 1 };
 
 /*
  * Copy buf into a free slice on `stream` (a CUstream; NULL for the default
- * stream) and describe it in *out. VMMT_EFULL at once when no slice is free
+ * stream) and describe it in *out. Into a host pool, a buffer in host memory
+ * (location VMMT_LOC_HOST) is copied by the CPU before the call returns, in
+ * no CUDA context, and the stream is not used; one in device memory is
+ * copied on the stream as for a device pool. VMMT_EFULL at once when no slice is free
  * even after reclaiming (fall back to another path, or retry later);
  * VMMT_ETOOBIG when it could never fit.
  */
