@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "clock.h"
 #include "ctrl.h"
 #include "driver.h"
 #include "elastic.h"
@@ -30,7 +31,12 @@ struct vmmt__chunk_map {
     uint8_t pool_id[16];
     CUmemGenericAllocationHandle *handle;
     uint32_t *incarnation; /* what is mapped; 0: nothing */
+    uint32_t *mapped;      /* the chunks mapped now, nmapped of them, in no order */
+    uint32_t nmapped;
+    double last_trim_us;
 };
+
+#define TRIM_INTERVAL_US 50000.0
 
 CUdeviceptr vmmt__chunk_map_base(const struct vmmt__chunk_map *m)
 {
@@ -58,7 +64,8 @@ int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_m
     m->count = (uint32_t)(d->alloc_size / d->chunk_size);
     m->handle = calloc(m->count, sizeof *m->handle);
     m->incarnation = calloc(m->count, sizeof *m->incarnation);
-    if (m->handle == NULL || m->incarnation == NULL) {
+    m->mapped = calloc(m->count, sizeof *m->mapped);
+    if (m->handle == NULL || m->incarnation == NULL || m->mapped == NULL) {
         vmmt__chunk_map_destroy(m);
         return vmmt__fail(VMMT_ENOMEM, "no host memory for %u chunks", m->count);
     }
@@ -90,6 +97,11 @@ static int unmap_chunk(struct vmmt__chunk_map *m, uint32_t k)
     d->cuMemRelease(m->handle[k]);
     m->handle[k] = 0;
     m->incarnation[k] = 0;
+    for (uint32_t i = 0; i < m->nmapped; i++)
+        if (m->mapped[i] == k) {
+            m->mapped[i] = m->mapped[--m->nmapped];
+            break;
+        }
     return VMMT_OK;
 }
 
@@ -139,6 +151,7 @@ int vmmt__chunk_map_ensure(struct vmmt__chunk_map *m, const uint32_t *words,
         st = unmap_chunk(m, k);
         if (st == VMMT_OK) st = map_chunk(m, k);
         if (st != VMMT_OK) return st;
+        m->mapped[m->nmapped++] = k;
         /* Made again while we imported? Only a stale descriptor allows that. */
         if (vmmt__ctrl_load(&words[k]) != now) {
             m->incarnation[k] = UINT32_MAX; /* a mapping no word matches: replaced next time */
@@ -147,6 +160,21 @@ int vmmt__chunk_map_ensure(struct vmmt__chunk_map *m, const uint32_t *words,
         m->incarnation[k] = now;
     }
     return VMMT_OK;
+}
+
+int vmmt__chunk_map_trim(struct vmmt__chunk_map *m, const uint32_t *words)
+{
+    double now = vmmt__now_us();
+    int st = VMMT_OK;
+
+    if (now - m->last_trim_us < TRIM_INTERVAL_US) return VMMT_OK;
+    m->last_trim_us = now;
+    /* Backwards: unmapping moves the last entry into the freed place. */
+    for (uint32_t i = m->nmapped; i-- > 0 && st == VMMT_OK;) {
+        uint32_t k = m->mapped[i];
+        if (vmmt__ctrl_load(&words[k]) != m->incarnation[k]) st = unmap_chunk(m, k);
+    }
+    return st;
 }
 
 int vmmt__chunk_map_destroy(struct vmmt__chunk_map *m)
@@ -161,6 +189,7 @@ int vmmt__chunk_map_destroy(struct vmmt__chunk_map *m)
     if (st != VMMT_OK) return st;
     free(m->handle);
     free(m->incarnation);
+    free(m->mapped);
     free(m);
     return VMMT_OK;
 }

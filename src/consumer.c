@@ -428,11 +428,14 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
         st = vmmt__desc_check_pool(&rq->d, &rq->pool->geometry);
     else
         st = import_pool(c, &rq->d, device, &rq->pool);
-    /* A copy needs the buffer's chunks mapped, at the incarnation the table shows. */
-    if (st == VMMT_OK && rq->pool->chunks != NULL && dst_size != UINT64_MAX)
-        st = vmmt__chunk_map_ensure(
-            rq->pool->chunks,
-            rq->pool->ctrl.host + (uint64_t)rq->d.table_slots * rq->d.slot_stride / 4, &rq->d);
+    /* A copy needs the buffer's chunks mapped, at the incarnation the table shows;
+     * chunks the producer gave back are let go here, so their memory is freed. */
+    if (st == VMMT_OK && rq->pool->chunks != NULL) {
+        const uint32_t *words =
+            rq->pool->ctrl.host + (uint64_t)rq->d.table_slots * rq->d.slot_stride / 4;
+        if (dst_size != UINT64_MAX) st = vmmt__chunk_map_ensure(rq->pool->chunks, words, &rq->d);
+        if (st == VMMT_OK) st = vmmt__chunk_map_trim(rq->pool->chunks, words);
+    }
     if (st == VMMT_OK) st = claim(rq);
     if (st == VMMT_OK) {
         rq->pool->users++;

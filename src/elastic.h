@@ -85,6 +85,13 @@ CUdeviceptr vmmt__chunk_map_base(const struct vmmt__chunk_map *m);
  */
 int vmmt__chunk_map_ensure(struct vmmt__chunk_map *m, const uint32_t *words,
                            const struct vmmt__desc *d);
+/*
+ * Let go of chunks the producer gave back (or made again) since they were
+ * mapped here: until then the device memory stays allocated for this
+ * mapping. At most once per 50 ms; safe at any time, since a chunk goes back
+ * only after every copy from it was acknowledged, hence finished.
+ */
+int vmmt__chunk_map_trim(struct vmmt__chunk_map *m, const uint32_t *words);
 /* Unmap, release and free; NULL is allowed. */
 int vmmt__chunk_map_destroy(struct vmmt__chunk_map *m);
 

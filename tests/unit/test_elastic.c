@@ -233,6 +233,32 @@ static void test_elastic_failed_growth(void **state)
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
+/*
+ * A consumer lets go of a chunk the producer gave back, at its next call on
+ * the pool: its mapping would otherwise keep the device memory allocated.
+ */
+static void test_elastic_consumer_lets_go_of_given_back_chunks(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = elastic_config(16 * MiB, 20);
+    int before;
+
+    if (!on_emu()) skip();
+    c.min_resident = CHUNK; /* chunk 0 stays */
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    before = vmmt__emu_live_allocations(); /* chunk 0, the producer's */
+    tu_roundtrip(f, 3 * MiB, 1);           /* chunks 0 and 1, here too */
+    assert_int_equal(vmmt__emu_live_allocations(), before + 3);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_true(resident_becomes(f->pool, CHUNK, 3000));
+    /* The producer let go of chunk 1; this process's import of it is all that is left. */
+    assert_int_equal(vmmt__emu_live_allocations(), before + 2);
+    sleep_ms(60);
+    tu_roundtrip(f, 4096, 2); /* chunk 0 only */
+    assert_int_equal(vmmt__emu_live_allocations(), before + 1);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
 /* The broker hands out resident chunks only, by their exact chunk id. */
 static void test_elastic_broker_serves_resident_chunks_only(void **state)
 {
@@ -352,6 +378,7 @@ int main(void)
         T(test_elastic_remade_chunk_is_imported_again),
         T(test_elastic_remade_chunk_across_processes),
         T(test_elastic_failed_growth),
+        T(test_elastic_consumer_lets_go_of_given_back_chunks),
         T(test_elastic_broker_serves_resident_chunks_only),
         T(test_elastic_descriptor_fields_checked),
         T(test_elastic_config_errors),
