@@ -289,8 +289,8 @@ static void expect_in(const char *hay, const char *needle)
 
 static void test_demo_host_and_elastic(void **state)
 {
-    const char *host[] = {"demo", "--host", "--driver", "emu", "--count", "12", "--size", "300K",
-                          NULL};
+    const char *host[] = {"demo", "--host", "--driver", "emu", "--count",
+                          "12",   "--size", "300K",     NULL};
     const char *elastic[] = {"demo", "--elastic", "--driver", "emu", "--count", "12", NULL};
     const char *both[] = {"demo", "--host", "--elastic", "--driver", "emu", NULL};
     static char out[16384];
