@@ -18,7 +18,7 @@
 #define BENCH_KIB (1024ull)
 #define BENCH_MIB (1024ull * 1024ull)
 
-#define BENCH_SCENARIOS  9
+#define BENCH_SCENARIOS  11
 #define BENCH_MAX_SERIES 192
 #define BENCH_MAX_ROWS   64
 #define BENCH_MAX_INFO   32
@@ -187,9 +187,23 @@ int bench_s8(struct bench_env *e);
 int bench_s6(struct bench_env *e);
 int bench_s7(struct bench_env *e);
 int bench_overhead(struct bench_env *e);
+/* bench_host.c: peers on the producer's GPU, host pools; bench_elastic.c: elastic pools, in place
+ */
+int bench_s10(struct bench_env *e);
+int bench_s11(struct bench_env *e);
 
 /* ---- bench_peer.c: the peer process and the socket protocol */
-enum bench_op { BOP_PING = 1, BOP_CONSUME, BOP_IPC, BOP_VERIFY, BOP_RESET, BOP_END };
+enum bench_op {
+    BOP_PING = 1,
+    BOP_CONSUME,
+    BOP_IPC,
+    BOP_VERIFY,
+    BOP_RESET,
+    BOP_END,
+    BOP_COPY,         /* the peer's half of the two-process floor: a DtoD of nbytes + sync */
+    BOP_MEMFD_ATTACH, /* map and register the inherited memfd `rank` of nbytes */
+    BOP_MEMFD_COPY    /* copy nbytes from it to the device + sync (the host-pool floor) */
+};
 
 struct bench_msg_hdr {
     uint32_t op;
@@ -245,5 +259,11 @@ int bench_peer_main(int argc, char **argv);
 void bench_consume_msg(struct bench_msg *m, const vmmt_desc *desc, uint32_t rank, uint64_t n);
 int bench_rt_vmmt(struct bench_env *e, vmmt_pool *pool, struct bench_peer *peer, uint64_t n,
                   double *us);
+/*
+ * bench_host.c: one sample of the two-process floor, the floor of every row
+ * whose peer is on the producer's GPU: this process copies n bytes and
+ * synchronizes, then the peer does the same and answers.
+ */
+int bench_twoproc_sample(struct bench_env *e, struct bench_peer *peer, uint64_t n, double *us);
 
 #endif

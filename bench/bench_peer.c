@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -190,6 +191,8 @@ struct peer {
     struct bench_ipc ipc;
     struct bench_msg pending;
     int has_pending;
+    void *memfd_map; /* BOP_MEMFD_ATTACH: the producer's shared memfd, registered */
+    uint64_t memfd_bytes;
 };
 
 static int peer_next(struct peer *p, struct bench_msg *m)
@@ -282,6 +285,55 @@ static int peer_verify(struct peer *p, const struct bench_msg *m)
     return peer_reply(st, 1, 0);
 }
 
+/* The two-process floor: this process's own copy of the same size, synchronized. */
+static int peer_copy(struct peer *p, const struct bench_msg *m)
+{
+    int st = VMMT_EINVAL;
+
+    if (m->h.nbytes <= p->cap / 2) {
+        st = VMMT_CU(p->d, cuMemcpyDtoDAsync(p->dst + p->cap / 2, p->dst, m->h.nbytes, p->s));
+        if (st == VMMT_OK) st = VMMT_CU(p->d, cuStreamSynchronize(p->s));
+    }
+    if (st != VMMT_OK) peer_error("the floor's copy");
+    return peer_reply(st, 1, 0);
+}
+
+/* A plain shared memfd, registered once, as a consumer without vmmt would use it. */
+static int peer_memfd_attach(struct peer *p, const struct bench_msg *m)
+{
+    void *map = mmap(NULL, m->h.nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, (int)m->h.rank, 0);
+    int st;
+
+    if (map == MAP_FAILED || p->memfd_map != NULL) {
+        st = vmmt__sys_fail("mapping the floor's memfd");
+        if (map != MAP_FAILED) munmap(map, m->h.nbytes);
+        peer_error("attaching the memfd");
+        return peer_reply(st, 1, 0);
+    }
+    st = VMMT_CU(p->d, cuMemHostRegister(map, m->h.nbytes, CU_MEMHOSTREGISTER_PORTABLE));
+    if (st != VMMT_OK) {
+        munmap(map, m->h.nbytes);
+        peer_error("registering the memfd");
+        return peer_reply(st, 1, 0);
+    }
+    close((int)m->h.rank);
+    p->memfd_map = map;
+    p->memfd_bytes = m->h.nbytes;
+    return peer_reply(VMMT_OK, 1, 0);
+}
+
+static int peer_memfd_copy(struct peer *p, const struct bench_msg *m)
+{
+    int st = VMMT_EINVAL;
+
+    if (p->memfd_map != NULL && m->h.nbytes <= p->memfd_bytes && m->h.nbytes <= p->cap) {
+        st = VMMT_CU(p->d, cuMemcpyHtoDAsync(p->dst, p->memfd_map, m->h.nbytes, p->s));
+        if (st == VMMT_OK) st = VMMT_CU(p->d, cuStreamSynchronize(p->s));
+    }
+    if (st != VMMT_OK) peer_error("the memfd floor's copy");
+    return peer_reply(st, 1, 0);
+}
+
 /* Forget every imported pool: unmapped before its producer releases it. */
 static int peer_reset(struct peer *p)
 {
@@ -305,6 +357,9 @@ static int peer_serve(struct peer *p)
         case BOP_IPC: r = peer_ipc_copy(p, &m); break;
         case BOP_VERIFY: r = peer_verify(p, &m); break;
         case BOP_RESET: r = peer_reset(p); break;
+        case BOP_COPY: r = peer_copy(p, &m); break;
+        case BOP_MEMFD_ATTACH: r = peer_memfd_attach(p, &m); break;
+        case BOP_MEMFD_COPY: r = peer_memfd_copy(p, &m); break;
         case BOP_END: return CLI_OK;
         default: r = peer_reply(VMMT_EPROTO, 1, 0); break;
         }
@@ -354,6 +409,10 @@ int bench_peer_main(int argc, char **argv)
         peer_error("setting up");
     if (p.s) p.d->cuStreamSynchronize(p.s);
     vmmt_consumer_destroy(p.c);
+    if (p.memfd_map != NULL) {
+        p.d->cuMemHostUnregister(p.memfd_map);
+        munmap(p.memfd_map, p.memfd_bytes);
+    }
     if (p.dst) p.d->cuMemFree(p.dst);
     if (p.s) p.d->cuStreamDestroy(p.s);
     bench_ipc_unload(&p.ipc);

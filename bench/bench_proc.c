@@ -80,6 +80,7 @@ struct s3_cfg {
 
 struct s3_series {
     struct bench_series *rt, *ping, *copy, *xcopy;
+    struct bench_series *two; /* peer on the producer's GPU: the two-process floor */
 };
 
 /*
@@ -97,6 +98,11 @@ static int s3_floor(struct bench_env *e, struct bench_peer *peer, struct bench_x
         st = rt_ping(peer, &ping);
         if (st == VMMT_OK) st = bench_copy_sample(e, e->ps, n, &copy);
         if (st == VMMT_OK) st = bench_xpath_sample(xp, n, &xcopy);
+        if (st == VMMT_OK && s->two != NULL) {
+            double two;
+            st = bench_twoproc_sample(e, peer, n, &two);
+            if (st == VMMT_OK && i >= warm && bench_series_add(s->two, two)) st = VMMT_ENOMEM;
+        }
         if (st != VMMT_OK || i < warm) continue;
         if (bench_series_add(s->ping, ping) || bench_series_add(s->copy, copy) ||
             bench_series_add(s->xcopy, xcopy))
@@ -132,11 +138,24 @@ static void s3_row(struct bench_env *e, const struct s3_cfg *c, uint64_t n,
     bench_summarize(s->copy, &copy);
     bench_summarize(s->xcopy, &xcopy);
     floor = ping.p50 + copy.p50 + xcopy.p50;
+    if (s->two != NULL) {
+        struct bench_summary two;
+        bench_summarize(s->two, &two);
+        floor = two.p50;
+    }
     row = bench_row_add(e->rep, "S3", "us", "%s %s", c->label, bench_size_name(n, sz, sizeof sz));
     bench_row_values(row, rt.p50, rt.p99, floor, rt.p50 / floor);
     if (n == 4 * BENCH_KIB && c->goal > 0) bench_row_goal(row, BENCH_GOAL_RATIO_MAX, c->goal, 0);
     bench_path_name(e, e->device, own, sizeof own);
     bench_path_name(e, c->device, path, sizeof path);
+    if (s->two != NULL) {
+        bench_row_note(row,
+                       "peer on GPU %d, the producer's: two contexts time-slice it; floor = the "
+                       "two-process floor (producer copy + sync, then the peer's copy + sync, "
+                       "in turn); one-process parts: ping %.2f + copy %.2f + copy %.2f us",
+                       c->device, ping.p50, copy.p50, xcopy.p50);
+        return;
+    }
     bench_row_note(row,
                    "peer on GPU %d%s; floor = socket ping-pong p50 %.2f + publish copy on %s "
                    "p50 %.2f + consume copy %s p50 %.2f us (one process)",
@@ -153,6 +172,11 @@ static int s3_series_new(struct bench_env *e, const struct s3_cfg *c, const char
     s->copy = bench_series_new(e->rep, "us", "S3 %sfloor publish DtoD+sync %s", c->tag, sz);
     s->xcopy = bench_series_new(e->rep, "us", "S3 %sfloor consume copy to GPU %d+sync %s", c->tag,
                                 c->device, sz);
+    s->two = NULL;
+    if (c->device == e->device &&
+        (s->two = bench_series_new(e->rep, "us", "S3 %sfloor two processes %s", c->tag, sz)) ==
+            NULL)
+        return VMMT_ENOMEM;
     return s->rt && s->ping && s->copy && s->xcopy ? VMMT_OK : VMMT_ENOMEM;
 }
 

@@ -19,7 +19,8 @@
 typedef int (*bench_fn)(struct bench_env *e);
 
 static const bench_fn g_scenarios[BENCH_SCENARIOS] = {
-    bench_s1, bench_s2, bench_s3, bench_s4, bench_s5, bench_s6, bench_s7, bench_s8, bench_s9,
+    bench_s1, bench_s2, bench_s3, bench_s4,  bench_s5,  bench_s6,
+    bench_s7, bench_s8, bench_s9, bench_s10, bench_s11,
 };
 
 /* ---------------------------------------------------------------- options */

@@ -396,6 +396,8 @@ CUresult vmmt__emu_cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUd
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: *value = 1; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *value = 1; break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = dev + 1; break;
+    /* One host NUMA node, as on a single-socket machine. */
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: *value = 0; break;
     default: *value = 0; break;
     }
     return CUDA_SUCCESS;
@@ -419,6 +421,15 @@ static int ctx_known(CUcontext ctx)
     uintptr_t p = (uintptr_t)ctx, base = (uintptr_t)g_ctx;
 
     return p >= base && p < base + sizeof g_ctx && (p - base) % sizeof g_ctx[0] == 0;
+}
+
+int vmmt__emu_live_contexts(void)
+{
+    int n = 0;
+
+    for (int i = 0; i < EMU_MAX_DEVICES; i++)
+        n += atomic_load(&g_ctx[i].refs) > 0;
+    return n;
 }
 
 CUresult vmmt__emu_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)

@@ -32,6 +32,16 @@ VMMT_EMU_API int vmmt__emu_live_events(void);
 VMMT_EMU_API int vmmt__emu_live_blocks(void);
 
 /*
+ * Primary contexts this process holds retained now (one per device with a
+ * retain not yet released), and bytes of device memory it holds: its
+ * cuMemCreate allocations on devices and its cuMemAlloc blocks (imports
+ * excluded; host-NUMA allocations are counted apart).
+ */
+VMMT_EMU_API int vmmt__emu_live_contexts(void);
+VMMT_EMU_API unsigned long long vmmt__emu_device_bytes(void);
+VMMT_EMU_API unsigned long long vmmt__emu_host_numa_bytes(void);
+
+/*
  * Calls of the entry point named `entry` (e.g. "cuMemMap") since the last
  * configure, failed ones included; -1 for a name that is no entry point.
  */

@@ -19,6 +19,8 @@
 /* Devices beyond this are clamped: contexts and accounting are fixed arrays. */
 #define EMU_MAX_DEVICES 64
 #define EMU_META_SIZE   4096
+/* Host NUMA nodes a host-NUMA allocation may name. */
+#define EMU_NUMA_NODES 4
 
 /* One value per entry point, for call counting and fault injection. */
 enum emu_entry {

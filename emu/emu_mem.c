@@ -31,8 +31,10 @@ struct emu_meta {
     uint64_t magic;
     uint64_t size;
     uint64_t cookie;
-    int32_t device;
+    int32_t device; /* the device, or the NUMA node of a host allocation */
     uint32_t types;
+    uint32_t location; /* CU_MEM_LOCATION_TYPE_DEVICE or _HOST_NUMA */
+    uint32_t unused;
 };
 
 /* The content of a CUmemFabricHandle: where the exporter keeps the memfd. */
@@ -56,7 +58,8 @@ struct emu_alloc {
     unsigned types;
     uint64_t cookie;
     int imported; /* from cuMemImportFromShareableHandle: not counted as ours */
-    int holds;    /* the handle, plus one per mapping */
+    int host;  /* host-NUMA memory: no device's memory is charged, the CPU may be granted access */
+    int holds; /* the handle, plus one per mapping */
     dev_t st_dev;
     ino_t st_ino;
 };
@@ -74,6 +77,7 @@ struct emu_map {
     struct emu_alloc *alloc;
     uint64_t read_mask; /* devices allowed to read, one bit each */
     uint64_t write_mask;
+    int host_prot; /* PROT_* the CPU was granted (host-NUMA allocations only) */
 };
 
 /*
@@ -97,6 +101,7 @@ static struct emu_map *g_maps;
 static struct emu_block *g_blocks;
 static int g_n_allocs, g_n_resvs, g_n_maps, g_n_blocks;
 static unsigned long long g_used[EMU_MAX_DEVICES]; /* bytes created per device */
+static unsigned long long g_host_used;             /* bytes of host-NUMA allocations created */
 static uint64_t g_handle_seq;
 
 void vmmt__emu_mem_read_lock(void)
@@ -148,6 +153,27 @@ int vmmt__emu_live_blocks(void)
     return locked_get(&g_n_blocks);
 }
 
+unsigned long long vmmt__emu_device_bytes(void)
+{
+    unsigned long long n = 0;
+
+    vmmt__emu_lock();
+    for (int i = 0; i < EMU_MAX_DEVICES; i++)
+        n += g_used[i];
+    vmmt__emu_unlock();
+    return n;
+}
+
+unsigned long long vmmt__emu_host_numa_bytes(void)
+{
+    unsigned long long n;
+
+    vmmt__emu_lock();
+    n = g_host_used;
+    vmmt__emu_unlock();
+    return n;
+}
+
 /* ------------------------------------------------------------- accounting */
 
 /* Count size against dev's memory if it fits; mutex held. */
@@ -197,7 +223,8 @@ static void drop_hold(struct emu_alloc *a)
             break;
         }
     g_n_allocs--;
-    if (!a->imported) g_used[a->device] -= a->size;
+    if (!a->imported && a->host) g_host_used -= a->size;
+    if (!a->imported && !a->host) g_used[a->device] -= a->size;
     close(a->fd);
     free(a);
 }
@@ -229,10 +256,19 @@ fail:
     return -1;
 }
 
+/*
+ * Device memory, or host memory on a NUMA node (which needs no context, as
+ * on the H200). A plain HOST location with POSIX_FD is refused there with
+ * CUDA_ERROR_INVALID_VALUE, and here with it.
+ */
 static CUresult check_prop(const CUmemAllocationProp *prop)
 {
     if (prop == NULL || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        return prop->location.id >= 0 && prop->location.id < EMU_NUMA_NODES
+                   ? CUDA_SUCCESS
+                   : CUDA_ERROR_INVALID_VALUE;
     if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
     if (!vmmt__emu_device_ok(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
     return CUDA_SUCCESS;
@@ -256,7 +292,7 @@ CUresult vmmt__emu_cuMemGetAllocationGranularity(size_t *granularity,
 }
 
 /* Size, handle types and memory of a cuMemCreate; charges the device. Mutex held. */
-static CUresult admit_create(size_t size, unsigned types, int dev)
+static CUresult admit_create(size_t size, unsigned types, int dev, int host)
 {
     const struct emu_cfg *cfg = vmmt__emu_cfg();
     const unsigned known = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC;
@@ -269,22 +305,28 @@ static CUresult admit_create(size_t size, unsigned types, int dev)
     if ((types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) &&
         !(cfg->handles & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
         return CUDA_ERROR_NOT_SUPPORTED;
+    if (host) {
+        g_host_used += size;
+        return CUDA_SUCCESS;
+    }
     return charge(dev, size);
 }
 
 CUresult vmmt__emu_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    struct emu_meta meta = {META_MAGIC, 0, 0, 0, 0};
+    struct emu_meta meta = {META_MAGIC, 0, 0, 0, 0, CU_MEM_LOCATION_TYPE_DEVICE, 0};
     struct emu_alloc *a;
     struct stat st;
     CUresult r;
+    int host;
 
     EMU_ENTER(cuMemCreate, 1);
     if (handle == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if ((r = check_prop(prop)) != CUDA_SUCCESS) return r;
+    host = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
     vmmt__emu_lock();
-    r = admit_create(size, prop->requestedHandleTypes, prop->location.id);
+    r = admit_create(size, prop->requestedHandleTypes, prop->location.id, host);
     vmmt__emu_unlock();
     if (r != CUDA_SUCCESS) return r;
 
@@ -292,6 +334,7 @@ CUresult vmmt__emu_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     meta.cookie = random_cookie();
     meta.device = prop->location.id;
     meta.types = prop->requestedHandleTypes;
+    meta.location = (uint32_t)prop->location.type;
     a = calloc(1, sizeof *a);
     if (a == NULL) goto fail_charge;
     a->fd = new_memfd(size, &meta);
@@ -300,6 +343,7 @@ CUresult vmmt__emu_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     a->device = meta.device;
     a->types = meta.types;
     a->cookie = meta.cookie;
+    a->host = host;
     a->st_dev = st.st_dev;
     a->st_ino = st.st_ino;
     vmmt__emu_lock();
@@ -311,7 +355,13 @@ fail_alloc:
     if (a->fd >= 0) close(a->fd);
     free(a);
 fail_charge:
-    refund(prop->location.id, size);
+    if (host) {
+        vmmt__emu_lock();
+        g_host_used -= size;
+        vmmt__emu_unlock();
+    } else {
+        refund(prop->location.id, size);
+    }
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -397,6 +447,9 @@ static CUresult read_meta(int fd, uint64_t cookie, struct emu_meta *meta)
         return CUDA_ERROR_INVALID_VALUE;
     if (cookie != 0 && meta->cookie != cookie) return CUDA_ERROR_INVALID_VALUE;
     if (meta->device < 0 || meta->device >= EMU_MAX_DEVICES) return CUDA_ERROR_INVALID_VALUE;
+    if (meta->location != CU_MEM_LOCATION_TYPE_DEVICE &&
+        meta->location != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
 
@@ -466,6 +519,7 @@ CUresult vmmt__emu_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
     a->device = meta.device;
     a->types = meta.types;
     a->cookie = meta.cookie;
+    a->host = meta.location == CU_MEM_LOCATION_TYPE_HOST_NUMA;
     a->imported = 1;
     a->st_dev = st.st_dev;
     a->st_ino = st.st_ino;
@@ -689,8 +743,15 @@ static CUresult check_access_descs(const CUmemAccessDesc *desc, size_t count)
     devices = vmmt__emu_cfg()->devices;
     vmmt__emu_unlock();
     for (size_t i = 0; i < count; i++) {
-        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-        if (desc[i].location.id < 0 || desc[i].location.id >= devices)
+        int type = desc[i].location.type;
+        if (type == CU_MEM_LOCATION_TYPE_HOST_NUMA &&
+            (desc[i].location.id < 0 || desc[i].location.id >= EMU_NUMA_NODES))
+            return CUDA_ERROR_INVALID_VALUE;
+        if (type != CU_MEM_LOCATION_TYPE_DEVICE && type != CU_MEM_LOCATION_TYPE_HOST &&
+            type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (type == CU_MEM_LOCATION_TYPE_DEVICE &&
+            (desc[i].location.id < 0 || desc[i].location.id >= devices))
             return CUDA_ERROR_INVALID_DEVICE;
         if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
             desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
@@ -700,13 +761,27 @@ static CUresult check_access_descs(const CUmemAccessDesc *desc, size_t count)
     return CUDA_SUCCESS;
 }
 
-/* Record the devices' rights on m and make the host protection their union. */
+/*
+ * Record the devices' (and, for host-NUMA memory, the CPU's) rights on m and
+ * make the host protection their union.
+ */
 static CUresult apply_access(struct emu_map *m, const CUmemAccessDesc *desc, size_t count)
 {
     int prot = PROT_NONE;
 
+    for (size_t i = 0; i < count; i++)
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE && !m->alloc->host)
+            return CUDA_ERROR_INVALID_VALUE; /* the CPU is never granted device memory */
     for (size_t i = 0; i < count; i++) {
-        uint64_t bit = 1ULL << desc[i].location.id;
+        uint64_t bit;
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+            m->host_prot = desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                               ? PROT_READ | PROT_WRITE
+                           : desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ
+                                                                            : PROT_NONE;
+            continue;
+        }
+        bit = 1ULL << desc[i].location.id;
         m->read_mask &= ~bit;
         m->write_mask &= ~bit;
         if (desc[i].flags & CU_MEM_ACCESS_FLAGS_PROT_READ) m->read_mask |= bit;
@@ -714,6 +789,7 @@ static CUresult apply_access(struct emu_map *m, const CUmemAccessDesc *desc, siz
     }
     if (m->read_mask != 0) prot = PROT_READ;
     if (m->write_mask != 0) prot = PROT_READ | PROT_WRITE;
+    prot |= m->host_prot;
     return mprotect((void *)m->addr, m->size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 

@@ -4,7 +4,9 @@
  *
  * One producer owns a bounded pool of device memory, exported once as a
  * shareable handle; consumers import it, copy out what was published for
- * them and acknowledge, so the slice can be reused.
+ * them and acknowledge, so the slice can be reused. A pool may instead be
+ * elastic (device memory in chunks, held only while buffers are in flight)
+ * or live in host memory (its producer then needs no CUDA context at all).
  *
  * Conventions: every function that can fail returns a vmmt_status (VMMT_OK is
  * 0, failures are negative). On failure, vmmt_last_error() gives a message
@@ -242,9 +244,14 @@ typedef struct vmmt_desc_info {
     vmmt_dtype dtype;
     int ndim;
     int64_t shape[VMMT_MAX_DIMS];
-    int stream_ordered; /* the consumer must wait for the ready word */
-    int pack_index;     /* position within a packed publish */
-    int pack_count;     /* 1 for a single publish */
+    int stream_ordered;  /* the consumer must wait for the ready word */
+    int pack_index;      /* position within a packed publish */
+    int pack_count;      /* 1 for a single publish */
+    int memory_location; /* VMMT_MEMORY_DEVICE or VMMT_MEMORY_HOST */
+    uint64_t chunk_size; /* elastic pools: bytes per chunk; 0 otherwise */
+    uint32_t chunk;      /* the chunk the buffer starts in */
+    uint32_t
+        incarnation; /* which making of that chunk (a chunk given back and made again differs) */
 } vmmt_desc_info;
 
 /*
@@ -270,6 +277,19 @@ typedef enum vmmt_handoff {
 
 VMMT_API const char *vmmt_handoff_name(vmmt_handoff mode);
 
+/*
+ * Where a pool's memory lives. A host pool is pinned host memory shared with
+ * the consumers: its producer writes it with the CPU and needs no CUDA
+ * context and no device memory (a process that never touches the GPU can
+ * publish); consumers copy from it to their device as from a device pool.
+ */
+typedef enum vmmt_memory_location {
+    VMMT_MEMORY_DEVICE = 0, /* device memory of `device` (default) */
+    VMMT_MEMORY_HOST = 1    /* host memory on a NUMA node, exported as a POSIX fd */
+} vmmt_memory_location;
+
+VMMT_API const char *vmmt_memory_location_name(vmmt_memory_location loc);
+
 /* Grows at its end only (see "Struct versions" at the top). */
 typedef struct vmmt_pool_config {
     int device;                   /* producer's device; default 0 */
@@ -293,6 +313,27 @@ typedef struct vmmt_pool_config {
      * pools always do. Default 0.
      */
     int device_control_table;
+    /*
+     * VMMT_MEMORY_HOST: the pool lives in host memory (POSIX_FD handles, a
+     * shared host control table); `device` is then only the GPU whose
+     * host NUMA node the memory is placed on, and the one a publish from
+     * device memory copies on. Default VMMT_MEMORY_DEVICE.
+     */
+    vmmt_memory_location memory_location;
+    int host_numa_node; /* host pools: the NUMA node; -1 (default): the device's, else 0 */
+    /*
+     * Elastic device pools: memory_size becomes the most the pool may hold.
+     * Its address range is reserved once; physical chunks of chunk_size back
+     * it only while slices in them are in flight, and a chunk idle for
+     * idle_release_ms goes back to the device. Consumers import each chunk on
+     * first use and keep it until the producer makes it again. A fixed pool is
+     * the case min_resident = memory_size. Needs POSIX_FD (and a shared host
+     * control table). Default 0: one fixed allocation.
+     */
+    int elastic;
+    uint64_t chunk_size;      /* rounded up to the granularity; 0 (default): 4 granularity units */
+    uint64_t min_resident;    /* bytes kept resident from the start, whole chunks; default 0 */
+    uint32_t idle_release_ms; /* default 1500 */
 } vmmt_pool_config;
 
 /*
@@ -327,7 +368,12 @@ typedef struct vmmt_buffer {
     vmmt_dtype dtype; /* bits == 0: untyped bytes */
     int ndim;
     int64_t shape[VMMT_MAX_DIMS];
+    int location; /* VMMT_LOC_DEVICE (default): ptr is a device address; VMMT_LOC_HOST: a host one
+                   */
 } vmmt_buffer;
+
+/* vmmt_buffer.location */
+enum { VMMT_LOC_DEVICE = 0, VMMT_LOC_HOST = 1 };
 
 /*
  * Several buffers in one slice under one control slot, each aligned to its
@@ -353,7 +399,10 @@ static inline int vmmt_publish_packed(vmmt_pool *pool, const vmmt_buffer *bufs, 
 
 /*
  * Copy buf into a free slice on `stream` (a CUstream; NULL for the default
- * stream) and describe it in *out. VMMT_EFULL at once when no slice is free
+ * stream) and describe it in *out. Into a host pool, a buffer in host memory
+ * (location VMMT_LOC_HOST) is copied by the CPU before the call returns, in
+ * no CUDA context, and the stream is not used; one in device memory is
+ * copied on the stream as for a device pool. VMMT_EFULL at once when no slice is free
  * even after reclaiming (fall back to another path, or retry later);
  * VMMT_ETOOBIG when it could never fit; VMMT_EINVAL for a buffer no reader
  * would accept (see vmmt_publish_packed).
@@ -370,6 +419,36 @@ static inline int vmmt_publish(vmmt_pool *pool, const vmmt_buffer *buf, void *st
  * descriptor again, succeeds and does nothing.
  */
 VMMT_API int vmmt_cancel(vmmt_pool *pool, const vmmt_desc *desc);
+
+/*
+ * Writing in place: a free slice of nbytes for the producer to fill itself
+ * (its own kernel, or a memcpy for a host pool), saving the copy of
+ * vmmt_publish. `ptr` is a device address for a device pool and a host
+ * address (writable by this process's CPU) for a host pool. The slice is the
+ * producer's until vmmt_commit hands it out or vmmt_cancel (with `token`)
+ * gives it back; `token` is no descriptor for consumers.
+ */
+typedef struct vmmt_reservation {
+    uint64_t ptr;
+    uint64_t nbytes;
+    int location;    /* VMMT_LOC_DEVICE or VMMT_LOC_HOST: what ptr is */
+    vmmt_desc token; /* names the reservation for vmmt_commit and vmmt_cancel */
+} vmmt_reservation;
+
+VMMT_API int vmmt_reserve(vmmt_pool *pool, uint64_t nbytes, vmmt_reservation *out);
+
+/*
+ * Publish a reservation: its first `what->nbytes` bytes (at most the
+ * reserved size) with what's dtype and shape; `what` may be NULL for all
+ * reserved bytes, untyped; what->ptr and location are ignored. Device pool:
+ * the ready flag is written on `stream` after whatever filled the slice
+ * there (the call synchronizes for a synchronous hand-off). Host pool: NULL
+ * stream means the CPU wrote the bytes; a stream is synchronized first. A
+ * reservation is committed or cancelled once; a second try is VMMT_ESTATE.
+ * Cancel a reservation only when nothing writes into it any more.
+ */
+VMMT_API int vmmt_commit(vmmt_pool *pool, const vmmt_reservation *res, const vmmt_buffer *what,
+                         void *stream, vmmt_desc *out);
 
 /* Recycle every acknowledged slice now; *freed (if not NULL) counts them. */
 VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
@@ -396,6 +475,16 @@ typedef struct vmmt_pool_stats {
     uint64_t reclaims;      /* control-table reads */
     uint64_t broker_served; /* POSIX_FD descriptors handed to consumers */
     uint64_t broker_refused;
+    vmmt_memory_location memory_location;
+    uint64_t device_bytes; /* device memory the pool holds now (0 for a host pool) */
+    uint64_t host_bytes;   /* pinned host memory of a host pool's allocation */
+    /* Elastic pools (a fixed pool reports its allocation as resident, peak and max). */
+    uint64_t resident_bytes; /* device memory backing the pool now */
+    uint64_t peak_bytes;     /* the most resident at once */
+    uint64_t max_bytes;      /* the most it may hold */
+    uint64_t chunk_bytes;    /* 0 for a fixed pool */
+    uint64_t chunks_made;    /* chunks created (and exported) */
+    uint64_t chunks_released;
 } vmmt_pool_stats;
 
 VMMT_API int vmmt_pool_get_stats_size(vmmt_pool *pool, vmmt_pool_stats *out, size_t out_size);

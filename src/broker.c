@@ -62,6 +62,8 @@ struct vmmt__broker {
     uid_t *allowed;
     size_t allowed_count;
     int timeout_ms;
+    int (*resolve)(void *user, const uint8_t id[16], int fds[VMMT_BROKER_MAX_FDS]);
+    void *resolve_user;
 
     int listen_fd;
     int wake_fd;
@@ -328,6 +330,15 @@ static bool serve_conn(struct vmmt__broker *b, int cfd)
         send_reply(cfd, VMMT_EPROTO, msg, NULL, 0);
         count(&b->malformed);
         return true;
+    }
+    if (memcmp(req + 8, b->pool_id, 16) != 0 && b->resolve != NULL) {
+        int fds[VMMT_BROKER_MAX_FDS], nfds = b->resolve(b->resolve_user, req + 8, fds);
+        if (nfds > 0) {
+            if (send_reply(cfd, VMMT_OK, NULL, fds, nfds)) count(&b->served);
+            for (int i = 0; i < nfds; i++)
+                close(fds[i]);
+            return true;
+        }
     }
     if (memcmp(req + 8, b->pool_id, 16) != 0) {
         snprintf(msg, sizeof msg,
@@ -613,6 +624,8 @@ static int copy_config(struct vmmt__broker *b, const struct vmmt__broker_config 
     b->timeout_ms = VMMT_BROKER_DEFAULT_TIMEOUT_MS;
     if (cfg == NULL) return VMMT_OK;
     if (cfg->timeout_ms > 0) b->timeout_ms = cfg->timeout_ms;
+    b->resolve = cfg->resolve;
+    b->resolve_user = cfg->resolve_user;
     if (cfg->allowed_count == 0) return VMMT_OK;
     /* The caller's array need not outlive start. */
     b->allowed = calloc(cfg->allowed_count, sizeof *b->allowed);

@@ -26,7 +26,26 @@ struct vmmt__broker_config {
                                   implicitly allowed) */
     size_t allowed_count;
     int timeout_ms; /* per-connection deadline; 0 means default 2000 */
+    /*
+     * Optional: fds for ids other than the pool's own (an elastic pool's
+     * chunks, vmmt__chunk_id). Called on the broker thread, after the peer's
+     * credentials passed; returns how many new fds it put in fds (the broker
+     * sends and closes them), or 0 when it serves no such id.
+     */
+    int (*resolve)(void *user, const uint8_t id[16], int fds[VMMT_BROKER_MAX_FDS]);
+    void *resolve_user;
 };
+
+/* The id under which a broker with a resolver serves chunk `chunk` of pool_id. */
+static inline void vmmt__chunk_id(const uint8_t pool_id[16], uint32_t chunk, uint8_t out[16])
+{
+    uint32_t tag = chunk + 1;
+
+    for (int i = 0; i < 16; i++)
+        out[i] = pool_id[i];
+    for (int i = 0; i < 4; i++)
+        out[12 + i] ^= (uint8_t)(tag >> (8 * i));
+}
 
 struct vmmt__broker;
 

@@ -16,6 +16,7 @@
 #include "ctrl.h"
 #include "desc.h"
 #include "driver.h"
+#include "elastic.h"
 #include "status.h"
 
 struct request {
@@ -232,6 +233,14 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
                           dst_size, dst, rq->d.nbytes);
     pthread_mutex_lock(&c->lock);
     st = vmmt__cache_get(c, &rq->d, device, &rq->pool);
+    /* A copy needs the buffer's chunks mapped, at the incarnation the table shows;
+     * chunks the producer gave back are let go here, so their memory is freed. */
+    if (st == VMMT_OK && rq->pool->chunks != NULL) {
+        const uint32_t *words =
+            rq->pool->ctrl.host + (uint64_t)rq->d.table_slots * rq->d.slot_stride / 4;
+        if (copy) st = vmmt__chunk_map_ensure(rq->pool->chunks, words, &rq->d);
+        if (st == VMMT_OK) st = vmmt__chunk_map_trim(rq->pool->chunks, words);
+    }
     if (st == VMMT_OK) st = check_occupant(c, rq);
     if (st == VMMT_OK) st = claim(rq);
     if (st == VMMT_OK) vmmt__cache_use(c, rq->pool);

@@ -40,6 +40,8 @@ struct slot_state {
     struct pack_group groups[PACK_GROUPS];
 };
 
+struct vmmt__chunk_map;
+
 struct imported {
     struct vmmt_consumer *owner;
     struct vmmt__desc geometry; /* the pool-wide fields of the first descriptor */
@@ -47,7 +49,8 @@ struct imported {
     struct vmmt__mapping map;
     int host_table; /* the control table is the shared memfd in ctrl, read and written by CPU */
     struct vmmt__ctrl ctrl;
-    CUdeviceptr table; /* the control table as streams address it */
+    CUdeviceptr table;              /* the control table as streams address it */
+    struct vmmt__chunk_map *chunks; /* elastic pools: chunks mapped on first use (chunks.c) */
     struct slot_state *slots;
     int users; /* consume and ack calls using the mapping (lock held) */
     /*

@@ -58,7 +58,7 @@ static void init(struct vmmt__ctrl *c, size_t bytes)
     c->bytes = page_round(bytes);
 }
 
-int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c)
+static int create_shared(size_t bytes, int register_with_driver, struct vmmt__ctrl *c)
 {
     int st;
 
@@ -69,11 +69,21 @@ int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c)
         st = vmmt__sys_fail("sizing the control table to %zu bytes", c->bytes);
         goto fail;
     }
-    st = map_and_register(c->fd, 1, c);
+    st = map_and_register(c->fd, register_with_driver, c);
     if (st == VMMT_OK) return VMMT_OK;
 fail:
     vmmt__ctrl_release(c);
     return st;
+}
+
+int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c)
+{
+    return create_shared(bytes, 1, c);
+}
+
+int vmmt__ctrl_create_shared_unregistered(size_t bytes, struct vmmt__ctrl *c)
+{
+    return create_shared(bytes, 0, c);
 }
 
 int vmmt__ctrl_attach_shared(int fd, size_t bytes, int register_with_driver, struct vmmt__ctrl *c)

@@ -111,6 +111,9 @@ struct vmmt__ctrl {
 /* Producer: a new zeroed shared table of at least `bytes`, mapped and registered. */
 int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c);
 
+/* The same without registration: a host pool's producer needs no context. */
+int vmmt__ctrl_create_shared_unregistered(size_t bytes, struct vmmt__ctrl *c);
+
 /*
  * Consumer: map the table behind fd (which the caller keeps). Registration
  * with the driver (so that streams can address it) only when asked: a

@@ -51,13 +51,17 @@
 #define OFF_DTYPE_LANES     310
 #define OFF_NDIM            312
 #define OFF_SHAPE           320
+#define OFF_CHUNK_SIZE      480 /* elastic pools: bytes per chunk, 0 for a single allocation */
+#define OFF_CHUNK           488 /* the chunk the buffer starts in */
+#define OFF_INCARNATION     492 /* which making of that chunk */
+#define OFF_MEMORY          496 /* 0 device memory, 1 host memory */
 
 static const char desc_magic[8] = {'V', 'M', 'M', 'T', 'D', 'E', 'S', 'C'};
 
 /* Bytes that version 1 leaves unused: zero now, so a later version can give them meaning. */
 static const struct {
     unsigned off, len;
-} reserved[] = {{20, 4}, {214, 2}, {252, 4}, {316, 4}, {384, 128}};
+} reserved[] = {{20, 4}, {214, 2}, {252, 4}, {316, 4}, {384, 96}, {500, 12}};
 
 #define CORRUPT "the descriptor is corrupt or belongs to another pool"
 
@@ -166,6 +170,10 @@ void vmmt__desc_encode(const struct vmmt__desc *d, uint8_t out[VMMT_DESC_SIZE])
     put_u32(out, OFF_NDIM, d->ndim);
     for (unsigned i = 0; i < VMMT_MAX_DIMS; i++)
         put_u64(out, OFF_SHAPE + 8 * i, (uint64_t)d->shape[i]);
+    put_u64(out, OFF_CHUNK_SIZE, d->chunk_size);
+    put_u32(out, OFF_CHUNK, d->chunk);
+    put_u32(out, OFF_INCARNATION, d->incarnation);
+    put_u32(out, OFF_MEMORY, d->memory_location);
 }
 
 /* ----------------------------------------------------------------- decode */
@@ -237,6 +245,10 @@ static void load(const uint8_t *in, struct vmmt__desc *d)
     d->ndim = get_u32(in, OFF_NDIM);
     for (unsigned i = 0; i < VMMT_MAX_DIMS; i++)
         d->shape[i] = as_i64(get_u64(in, OFF_SHAPE + 8 * i));
+    d->chunk_size = get_u64(in, OFF_CHUNK_SIZE);
+    d->chunk = get_u32(in, OFF_CHUNK);
+    d->incarnation = get_u32(in, OFF_INCARNATION);
+    d->memory_location = get_u32(in, OFF_MEMORY);
 }
 
 int vmmt__desc_decode(const uint8_t in[VMMT_DESC_SIZE], struct vmmt__desc *d)
@@ -533,11 +545,48 @@ overflow:
                       shape, d->dtype_bits, d->dtype_lanes, x->advice);
 }
 
+static int check_memory(const struct vmmt__desc *d, const struct check_ctx *x)
+{
+    int shared = d->handle_type == VMMT_HANDLE_POSIX_FD && (d->flags & VMMT__DESC_HOST_TABLE);
+
+    if (d->memory_location > 1)
+        return vmmt__fail(x->status,
+                          "descriptor field memory_location=%" PRIu32 " is neither 0 (device) "
+                          "nor 1 (host); %s",
+                          d->memory_location, x->advice);
+    if (d->memory_location == 1 && !shared)
+        return vmmt__fail(x->status,
+                          "descriptor of a host pool without a POSIX fd and a "
+                          "shared host table; %s",
+                          x->advice);
+    if (d->chunk_size == 0) {
+        if (d->chunk != 0 || d->incarnation != 0)
+            return vmmt__fail(x->status,
+                              "descriptor names chunk %" PRIu32 " (incarnation "
+                              "%" PRIu32 ") of a pool without chunks; %s",
+                              d->chunk, d->incarnation, x->advice);
+        return VMMT_OK;
+    }
+    if (!shared || d->chunk_size % 4096 != 0 || d->alloc_size % d->chunk_size != 0)
+        return vmmt__fail(x->status,
+                          "descriptor field chunk_size=%" PRIu64
+                          " does not divide alloc_size=%" PRIu64
+                          " in whole pages, or the pool has no POSIX fd and shared table; %s",
+                          d->chunk_size, d->alloc_size, x->advice);
+    if (d->chunk != d->offset / d->chunk_size || d->incarnation == 0)
+        return vmmt__fail(x->status,
+                          "descriptor names chunk %" PRIu32 " incarnation %" PRIu32
+                          " for a buffer at offset %" PRIu64 " (chunk %" PRIu64 "); %s",
+                          d->chunk, d->incarnation, d->offset, d->offset / d->chunk_size,
+                          x->advice);
+    return VMMT_OK;
+}
+
 int vmmt__desc_check(const struct vmmt__desc *d, int status, const char *advice)
 {
     int (*const checks[])(const struct vmmt__desc *, const struct check_ctx *) = {
-        check_handle, check_producer, check_geometry, check_slot,
-        check_extent, check_pack,     check_shape,    check_dtype,
+        check_handle, check_producer, check_geometry, check_slot,   check_extent,
+        check_pack,   check_shape,    check_dtype,    check_memory,
     };
     const struct check_ctx x = {status, advice};
 
@@ -549,6 +598,10 @@ int vmmt__desc_check(const struct vmmt__desc *d, int status, const char *advice)
     return VMMT_OK;
 }
 
+/*
+ * Host memory and chunks (elastic pools) are shared through POSIX fds and a
+ * shared host table only; a chunked buffer names the chunk it starts in.
+ */
 int vmmt__desc_validate(const struct vmmt__desc *d)
 {
     return vmmt__desc_check(d, VMMT_EPROTO, CORRUPT);
@@ -621,6 +674,10 @@ int vmmt__desc_check_pool(const struct vmmt__desc *d, const struct vmmt__desc *p
         return differs_u64("data_offset", d->data_offset, pool->data_offset);
     if (d->consumer_count != pool->consumer_count)
         return differs_u64("consumer_count", d->consumer_count, pool->consumer_count);
+    if (d->chunk_size != pool->chunk_size)
+        return differs_u64("chunk_size", d->chunk_size, pool->chunk_size);
+    if (d->memory_location != pool->memory_location)
+        return differs_u64("memory_location", d->memory_location, pool->memory_location);
     return VMMT_OK;
 }
 
@@ -654,6 +711,10 @@ int vmmt_desc_inspect_size(const vmmt_desc *desc, vmmt_desc_info *theirs, size_t
     out->stream_ordered = (d.flags & VMMT__DESC_STREAM_ORDERED) != 0;
     out->pack_index = d.pack_index;
     out->pack_count = d.pack_count;
+    out->memory_location = (int)d.memory_location;
+    out->chunk_size = d.chunk_size;
+    out->chunk = d.chunk;
+    out->incarnation = d.incarnation;
     return vmmt__struct_out(theirs, size, &info, sizeof info, DESC_INFO_V1,
                             "vmmt_desc_inspect: out");
 }

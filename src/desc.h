@@ -56,6 +56,9 @@ struct vmmt__desc {
     uint16_t dtype_lanes;
     uint32_t ndim;
     int64_t shape[VMMT_MAX_DIMS]; /* entries past ndim are 0 */
+    uint64_t chunk_size;          /* elastic pools: bytes per chunk; 0 otherwise */
+    uint32_t chunk, incarnation;  /* the chunk the buffer starts in, and which making of it */
+    uint32_t memory_location;     /* 0 device memory, 1 host memory */
 };
 
 /* Writes d as it is, reserved bytes zero; check it first with vmmt__desc_validate. */

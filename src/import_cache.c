@@ -16,6 +16,7 @@
 #include "ctrl.h"
 #include "desc.h"
 #include "driver.h"
+#include "elastic.h"
 #include "status.h"
 #include "vmm.h"
 
@@ -83,6 +84,16 @@ static int release_pool(struct imported *ip)
     const struct vmmt_drv *d = vmmt__drv();
     int st;
 
+    if (ip->chunks != NULL) {
+        st = vmmt__ctx_enter(ip->device);
+        if (st == VMMT_OK) {
+            st = vmmt__chunk_map_destroy(ip->chunks);
+            vmmt__ctx_leave();
+        }
+        if (st != VMMT_OK) return st;
+        ip->chunks = NULL;
+    }
+    /* An elastic pool's map only lends the chunk map's base: it holds nothing. */
     st = vmmt__mapping_release(&ip->map);
     if (st != VMMT_OK) return st;
     if (ip->poll_stream != NULL || ip->poll_word != NULL || ip->ctrl.host != NULL) {
@@ -166,6 +177,36 @@ static void retry_retired(vmmt_consumer *c)
     vmmt__error_restore(&e);
 }
 
+/*
+ * An elastic pool: the broker serves the shared table under the pool's id
+ * (its chunks come one by one, on first use); the range is reserved now.
+ */
+static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
+{
+    uint64_t table = (uint64_t)d->table_slots * d->slot_stride;
+    int fd = -1, st;
+
+    st =
+        vmmt__broker_fetch_fds_pidfd(&d->broker, d->pool_id, c->cfg.timeout_ms, &fd, 1, &ip->pidfd);
+    if (st == VMMT_OK)
+        st = vmmt__ctrl_attach_shared(
+            fd, table + vmmt__elastic_words_bytes(d->alloc_size, d->chunk_size), 0, &ip->ctrl);
+    if (fd >= 0) close(fd);
+    if (st == VMMT_OK) st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, &ip->chunks);
+    if (st != VMMT_OK) {
+        vmmt__ctrl_release(&ip->ctrl);
+        if (ip->pidfd >= 0) {
+            close(ip->pidfd);
+            ip->pidfd = -1;
+        }
+        return st;
+    }
+    /* The mapping object holds nothing: it only lends its base to the copies. */
+    ip->map.base = vmmt__chunk_map_base(ip->chunks);
+    ip->map.size = d->alloc_size;
+    return VMMT_OK;
+}
+
 /* Fetch the allocation's fd (and the shared control table's) from the broker; map both. */
 static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
 {
@@ -231,6 +272,12 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
         CUmemFabricHandle f;
         memcpy(f.data, d->fabric, sizeof f.data);
         st = vmmt__mapping_import_fabric(device, &f, d->alloc_size, &ip->map);
+    } else if (d->chunk_size != 0) {
+        st = vmmt__ctx_enter(device);
+        if (st == VMMT_OK) {
+            st = import_chunked(c, d, ip);
+            vmmt__ctx_leave();
+        }
     } else {
         st = import_posix(c, d, ip);
     }

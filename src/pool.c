@@ -29,6 +29,15 @@ const char *vmmt_handoff_name(vmmt_handoff mode)
     return "unknown";
 }
 
+const char *vmmt_memory_location_name(vmmt_memory_location loc)
+{
+    switch (loc) {
+    case VMMT_MEMORY_DEVICE: return "device";
+    case VMMT_MEMORY_HOST: return "host";
+    }
+    return "unknown";
+}
+
 #define POOL_CONFIG_V1 VMMT__SIZE_V1(vmmt_pool_config, device_control_table)
 #define POOL_STATS_V1  VMMT__SIZE_V1(vmmt_pool_stats, broker_refused)
 
@@ -41,6 +50,9 @@ static void config_defaults(vmmt_pool_config *c)
     c->allow_posix_fallback = 1;
     c->handoff = VMMT_HANDOFF_AUTO;
     c->timeout_ms = 5000;
+    c->memory_location = VMMT_MEMORY_DEVICE;
+    c->host_numa_node = -1;
+    c->idle_release_ms = 1500;
 }
 
 void vmmt_pool_config_init_size(vmmt_pool_config *config, size_t size)
@@ -88,6 +100,22 @@ static int check_config(const vmmt_pool_config *c)
     if (c->handoff != VMMT_HANDOFF_AUTO && c->handoff != VMMT_HANDOFF_STREAM &&
         c->handoff != VMMT_HANDOFF_SYNC)
         return vmmt__fail(VMMT_EINVAL, "handoff=%d is not a hand-off mode", (int)c->handoff);
+    if (c->memory_location != VMMT_MEMORY_DEVICE && c->memory_location != VMMT_MEMORY_HOST)
+        return vmmt__fail(VMMT_EINVAL, "memory_location=%d is neither device (0) nor host (1)",
+                          (int)c->memory_location);
+    if (c->memory_location == VMMT_MEMORY_HOST && c->handle_type == VMMT_HANDLE_FABRIC)
+        return vmmt__fail(VMMT_EINVAL, "a host pool is shared within one node through a POSIX fd; "
+                                       "handle_type=fabric needs a device pool");
+    if (c->memory_location == VMMT_MEMORY_HOST && c->device_control_table)
+        return vmmt__fail(VMMT_EINVAL, "a host pool keeps its control table in shared host "
+                                       "memory; device_control_table needs a device pool");
+    if (c->elastic && c->memory_location == VMMT_MEMORY_HOST)
+        return vmmt__fail(VMMT_EINVAL, "elastic pools are device pools; a host pool holds no "
+                                       "device memory to give back");
+    if (c->elastic && (c->handle_type == VMMT_HANDLE_FABRIC || c->device_control_table))
+        return vmmt__fail(VMMT_EINVAL, "an elastic pool shares its chunks through POSIX fds and "
+                                       "a shared host control table; use handle_type posix_fd "
+                                       "(or auto) without device_control_table");
     return VMMT_OK;
 }
 
@@ -96,6 +124,13 @@ static int pick_type(struct vmmt_pool *p)
 {
     int st;
 
+    /* A host pool is POSIX_FD by construction; the probe would need a context. */
+    if (p->host_mem) {
+        p->type = VMMT_HANDLE_POSIX_FD;
+        return VMMT_OK;
+    }
+    /* An elastic pool may make no chunk until its first publish: know now that POSIX_FD works. */
+    if (p->cfg.elastic) return vmmt__elastic_check_type(p);
     if (p->cfg.handle_type != VMMT_HANDLE_AUTO) {
         p->type = p->cfg.handle_type;
         return VMMT_OK;
@@ -115,6 +150,8 @@ static int allocate(struct vmmt_pool *p)
     uint64_t size;
     int st;
 
+    if (p->host_mem) return vmmt__host_pool_allocate(p);
+    if (p->cfg.elastic) return vmmt__elastic_allocate(p);
     st = vmmt__granularity(p->device, p->type, &gmin, &grec);
     if (st == VMMT_OK) st = vmmt__size_policy(p->cfg.memory_size, gmin, p->cfg.round_up, &size);
     if (st != VMMT_OK) return st;
@@ -173,10 +210,12 @@ static int setup_stream(struct vmmt_pool *p)
     const struct vmmt_drv *d = vmmt__drv();
     int st;
 
+    if (p->host_mem) return vmmt__host_pool_table(p);
     st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
     if (st != VMMT_OK) return st;
     if (p->host_table) {
-        st = vmmt__ctrl_create_shared(p->table_bytes, &p->ctrl);
+        uint64_t words = p->el ? vmmt__elastic_words_bytes(p->map.size, p->el->chunk) : 0;
+        st = vmmt__ctrl_create_shared(p->table_bytes + words, &p->ctrl);
         p->table_host = p->ctrl.host;
         p->ctrl_dev = p->ctrl.dev;
         return st;
@@ -212,15 +251,21 @@ static vmmt_handoff choose_handoff(struct vmmt_pool *p)
 static int start_broker(struct vmmt_pool *p, int fd)
 {
     struct vmmt__broker_config bc;
-    int fds[2] = {fd, p->ctrl.fd};
+    int fds[2] = {fd, p->ctrl.fd}, n = p->host_table ? 2 : 1;
 
     memset(&bc, 0, sizeof bc);
     bc.path = p->cfg.broker_path;
     bc.allowed_uids = (const uid_t *)p->allowed_uids;
     bc.allowed_count = p->cfg.allowed_uid_count;
     bc.timeout_ms = p->cfg.timeout_ms;
+    /* An elastic pool serves its table under the pool's id, each chunk under its own. */
+    if (p->el != NULL) {
+        bc.resolve = vmmt__elastic_resolve;
+        bc.resolve_user = p;
+        return vmmt__broker_start_fds(&fds[1], 1, p->tmpl.pool_id, &bc, &p->broker);
+    }
     /* Consumers get the allocation, and the shared control table where there is one. */
-    return vmmt__broker_start_fds(fds, p->host_table ? 2 : 1, p->tmpl.pool_id, &bc, &p->broker);
+    return vmmt__broker_start_fds(fds, n, p->tmpl.pool_id, &bc, &p->broker);
 }
 
 /* Export, decide the hand-off, start the broker: the exported fd never outlives this call. */
@@ -233,6 +278,10 @@ static int share(struct vmmt_pool *p)
         if (st != VMMT_OK) return st;
         p->handoff = choose_handoff(p);
         return VMMT_OK;
+    }
+    if (p->el != NULL) {
+        p->handoff = choose_handoff(p);
+        return start_broker(p, -1);
     }
     st = vmmt__export_posix_fd(p->map.handle, &fd);
     if (st != VMMT_OK) return st;
@@ -264,6 +313,8 @@ static void fill_template(struct vmmt_pool *p)
     t->table_slots = p->slots;
     t->slot_stride = p->stride;
     t->data_offset = p->data_offset;
+    t->memory_location = p->host_mem ? 1 : 0;
+    t->chunk_size = p->el != NULL ? p->el->chunk : 0;
 }
 
 static int copy_config(struct vmmt_pool *p, const vmmt_pool_config *c)
@@ -280,6 +331,7 @@ static int copy_config(struct vmmt_pool *p, const vmmt_pool_config *c)
         p->cfg.allowed_uids = p->allowed_uids;
     }
     p->device = c->device;
+    p->host_mem = c->memory_location == VMMT_MEMORY_HOST;
     if (getrandom(p->tmpl.pool_id, sizeof p->tmpl.pool_id, 0) != (ssize_t)sizeof p->tmpl.pool_id)
         return vmmt__sys_fail("getrandom for the pool id");
     return VMMT_OK;
@@ -301,7 +353,15 @@ static void release_all(struct vmmt_pool *p)
     p->broker = NULL;
     pthread_mutex_unlock(&p->lock);
     vmmt__broker_stop(b);
-    if (d != NULL && vmmt__ctx_enter(p->device) == VMMT_OK) {
+    /* A host pool that never published from device memory has no context to enter. */
+    if (d != NULL && p->host_mem && !p->device_ready) {
+        vmmt__ctrl_release(&p->ctrl);
+        p->table_host = NULL;
+        /* As below: a second try resumes where the first failed. */
+        if (vmmt__mapping_release(&p->map) != VMMT_OK && vmmt__mapping_release(&p->map) != VMMT_OK)
+            vmmt__log(VMMT_LOG_ERROR, "releasing the pool's host memory failed twice: %s; leaked",
+                      vmmt_last_error());
+    } else if (d != NULL && vmmt__ctx_enter(p->device) == VMMT_OK) {
         /* A release that fails leaks what it held; say so, then go on with the rest. */
         if (p->stream != NULL) {
             CUresult r = d->cuStreamSynchronize(p->stream);
@@ -314,6 +374,8 @@ static void release_all(struct vmmt_pool *p)
                           vmmt__cu_name(r));
             p->stream = NULL;
         }
+        /* Chunks first: giving one back clears its word in the table. */
+        if (p->el != NULL && p->el->words != NULL) vmmt__elastic_release(p);
         if (p->host_table) {
             vmmt__ctrl_release(&p->ctrl);
         } else if (p->table_host != NULL) {
@@ -341,7 +403,9 @@ static void free_pool(struct vmmt_pool *p)
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->changed);
     pthread_mutex_destroy(&p->reclaim_lock);
+    pthread_mutex_destroy(&p->dev_lock);
     pthread_mutex_destroy(&p->lock);
+    vmmt__elastic_free(p);
     free(p->slot);
     free(p->free_slots);
     free(p->allowed_uids);
@@ -357,6 +421,7 @@ static struct vmmt_pool *new_pool(void)
     p->ctrl.fd = -1;
     pthread_mutex_init(&p->lock, NULL);
     pthread_mutex_init(&p->reclaim_lock, NULL);
+    pthread_mutex_init(&p->dev_lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&p->changed, &ca);
@@ -374,6 +439,7 @@ static int create_steps(struct vmmt_pool *p)
     if (st == VMMT_OK) st = layout(p);
     if (st == VMMT_OK) st = alloc_host_state(p);
     if (st == VMMT_OK) st = setup_stream(p);
+    if (st == VMMT_OK && p->el != NULL) st = vmmt__elastic_start(p);
     if (st == VMMT_OK) st = share(p);
     if (st == VMMT_OK) fill_template(p);
     if (st == VMMT_OK) st = vmmt__recycler_start(p);
@@ -398,16 +464,18 @@ int vmmt_pool_create_size(const vmmt_pool_config *theirs, size_t size, vmmt_pool
     p = new_pool();
     if (p == NULL) return vmmt__fail(VMMT_ENOMEM, "creating a vmmt pool: no host memory");
     st = copy_config(p, config);
-    if (st == VMMT_OK) st = vmmt__ctx_enter(p->device);
+    /* A host pool's producer needs no context: it may never touch a GPU. */
+    if (st == VMMT_OK && !p->host_mem) st = vmmt__ctx_enter(p->device);
     if (st != VMMT_OK) goto fail_free;
     st = create_steps(p);
-    vmmt__ctx_leave();
+    if (!p->host_mem) vmmt__ctx_leave();
     if (st != VMMT_OK) goto fail_release;
     vmmt__log(VMMT_LOG_INFO,
-              "pool on device %d: %" PRIu64 " bytes, %s handles, %s hand-off, %u "
+              "%s pool for device %d: %" PRIu64 " bytes, %s handles, %s hand-off, %u "
               "slots for %d consumer(s)",
-              p->device, p->map.size, vmmt_handle_type_name(p->type), vmmt_handoff_name(p->handoff),
-              p->slots, p->cfg.consumer_count);
+              vmmt_memory_location_name(p->cfg.memory_location), p->device, p->map.size,
+              vmmt_handle_type_name(p->type), vmmt_handoff_name(p->handoff), p->slots,
+              p->cfg.consumer_count);
     *out = p;
     return VMMT_OK;
 
@@ -593,6 +661,17 @@ int vmmt_pool_get_stats_size(vmmt_pool *p, vmmt_pool_stats *theirs, size_t size)
     out->full = p->full;
     out->reclaims = p->reclaims;
     if (p->broker != NULL) vmmt__broker_stats(p->broker, &bs);
+    out->memory_location = p->host_mem ? VMMT_MEMORY_HOST : VMMT_MEMORY_DEVICE;
+    out->device_bytes = p->host_mem ? 0 : out->allocation_size;
+    out->resident_bytes = out->peak_bytes = out->max_bytes = out->device_bytes;
+    if (p->el != NULL) {
+        out->device_bytes = out->resident_bytes = p->el->resident;
+        out->peak_bytes = p->el->peak;
+        out->chunk_bytes = p->el->chunk;
+        out->chunks_made = p->el->made;
+        out->chunks_released = p->el->released;
+    }
+    out->host_bytes = p->host_mem ? out->allocation_size : 0;
     pthread_mutex_unlock(&p->lock);
     out->broker_served = bs.served;
     out->broker_refused = bs.refused_peer + bs.refused_pool;

@@ -12,14 +12,23 @@
 #include "ctrl.h"
 #include "cuabi.h"
 #include "desc.h"
+#include "elastic.h"
 #include "slab.h"
 #include "vmm.h"
 #include "vmmt.h"
 
-enum slot_state { SLOT_FREE, SLOT_PUBLISHING, SLOT_IN_FLIGHT, SLOT_CANCELLED };
+/* SLOT_RESERVED: handed to the producer by vmmt_reserve, not yet committed. */
+enum slot_state { SLOT_FREE, SLOT_PUBLISHING, SLOT_IN_FLIGHT, SLOT_CANCELLED, SLOT_RESERVED };
 
 struct vmmt__slot {
     uint32_t generation;
+    /*
+     * The generation before this occupant's, given back when the occupant
+     * leaves before its ready write (a failed publish, a cancelled
+     * reservation), so that a slot's ready word always holds its occupant's
+     * generation or the one before (ctrl.h, vmmt__occupant_of).
+     */
+    uint32_t prev_generation;
     uint8_t state;
     uint64_t slice_offset; /* relative to the data region, as the slab sees it */
     uint64_t slice_bytes;
@@ -71,6 +80,17 @@ struct vmmt_pool {
     uint32_t in_flight;
     uint64_t in_flight_bytes;
     uint64_t published, recycled, cancelled, full, reclaims;
+
+    /*
+     * Host pools (host_pool.c): the allocation is host memory on NUMA node
+     * `numa`, written by the CPU; the pool holds no context until a publish
+     * from device memory grants `device` access and registers the table.
+     */
+    int host_mem;
+    int numa;
+    struct vmmt__elastic *el; /* elastic pools (elastic.c); NULL for a fixed allocation */
+    int device_ready;         /* device access granted and table registered (lock held to set) */
+    pthread_mutex_t dev_lock; /* serialises that one-time setup */
 };
 
 /* Fail with VMMT_EFAILED / VMMT_ECLOSED if the pool cannot take calls; lock held. */
@@ -94,6 +114,30 @@ int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed);
 
 /* Read the control table into p->table_host; the caller is active or the recycler. */
 int vmmt__pool_read_table(struct vmmt_pool *p);
+
+/* Publishing steps shared by publish.c, reserve.c and host_pool.c. */
+int vmmt__publish_check_buffer(const vmmt_buffer *b, size_t i);
+int vmmt__publish_reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot);
+void vmmt__publish_finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n);
+void vmmt__publish_describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                            const uint64_t *rel, uint32_t slot, vmmt_desc *out);
+/* Device copies and the ready flag on stream s; the context is current. */
+int vmmt__publish_clear_acks(struct vmmt_pool *p, uint32_t slot, CUstream s);
+int vmmt__publish_enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                          const uint64_t *rel, uint32_t slot, CUstream s);
+
+/* Host pools (host_pool.c); none of these makes a context current unless said. */
+int vmmt__host_pool_allocate(struct vmmt_pool *p);
+int vmmt__host_pool_table(struct vmmt_pool *p);
+/* Copy into the slice: host sources by memcpy, device ones on s (in a context). */
+int vmmt__host_pool_copy(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                         const uint64_t *rel, uint32_t slot, CUstream s);
+/* Grant the device access and register the table, once (enters the context). */
+int vmmt__host_pool_device_setup(struct vmmt_pool *p);
+/* The CPU's view of the pool's data at slice offset off. */
+void *vmmt__host_pool_cpu(struct vmmt_pool *p, uint64_t off);
+/* Store a ready flag with the CPU (release order after the slice's bytes). */
+void vmmt__host_pool_set_ready(struct vmmt_pool *p, uint32_t slot, uint32_t gen);
 
 /* Return a slot and its slice to the free lists; lock held. */
 void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot);

@@ -10,6 +10,7 @@
 #include "abi.h"
 #include "ctrl.h"
 #include "driver.h"
+#include "elastic.h"
 #include "pool_internal.h"
 #include "status.h"
 
@@ -46,12 +47,10 @@ static int pack_layout(const vmmt_buffer *bufs, size_t n, uint64_t *rel, uint64_
 }
 
 /*
- * Take a slot and a slice, the slot's generation advanced (*prev: the one
- * before, given back if the publish fails before its ready write, so that a
- * slot's ready word always holds its occupant's generation or the one
- * before: ctrl.h, vmmt__occupant_of); lock held.
+ * Take a slot and a slice, the slot's generation advanced (prev_generation
+ * keeps the one before: pool_internal.h); lock held.
  */
-static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot, uint32_t *prev)
+static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
 {
     uint64_t off;
     int st;
@@ -59,9 +58,23 @@ static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot, u
     if (p->free_count == 0) return VMMT_EFULL;
     st = vmmt__slab_alloc(p->slab, bytes, VMMT__DATA_ALIGN, &off);
     if (st != VMMT_OK) return st;
+    /* An elastic pool backs the slice's chunks before handing it out. */
+    if (p->el != NULL && (st = vmmt__elastic_hold(p, off, bytes)) != VMMT_OK) {
+        (void)vmmt__slab_free(p->slab, off);
+        return st;
+    }
     *slot = p->free_slots[--p->free_count];
-    *prev = p->slot[*slot].generation;
+    p->slot[*slot].prev_generation = p->slot[*slot].generation;
     p->slot[*slot].generation = vmmt__next_generation(p->slot[*slot].generation);
+    /* Once per 2^32 - 1 occupants: acknowledgement words left from the last
+     * cycle could hold this very generation; zero (never a generation) them
+     * before the slice is handed out, so only this occupant's count. A device
+     * table is zeroed on the publishing stream (clear_acks_on_stream). */
+    if (p->slot[*slot].prev_generation == UINT32_MAX && p->host_table) {
+        uint32_t *ack = p->table_host + vmmt__ctrl_ack(0, p->stride, *slot, 0) / 4;
+        for (int i = 0; i < p->cfg.consumer_count; i++)
+            __atomic_store_n(&ack[i], 0, __ATOMIC_RELEASE);
+    }
     p->slot[*slot].state = SLOT_PUBLISHING;
     p->slot[*slot].slice_offset = off;
     p->slot[*slot].slice_bytes = bytes;
@@ -89,17 +102,17 @@ static int fail_full(struct vmmt_pool *p, uint64_t bytes)
 }
 
 /* Reserve, reclaiming once when the pool looks full. The caller is active. */
-static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot, uint32_t *prev)
+static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
 {
     int st;
 
     pthread_mutex_lock(&p->lock);
-    st = reserve_locked(p, bytes, slot, prev);
+    st = reserve_locked(p, bytes, slot);
     if (st == VMMT_EFULL && p->in_flight > 0) {
         pthread_mutex_unlock(&p->lock);
         vmmt__pool_reclaim(p, NULL);
         pthread_mutex_lock(&p->lock);
-        st = p->failed ? vmmt__pool_check_usable(p) : reserve_locked(p, bytes, slot, prev);
+        st = p->failed ? vmmt__pool_check_usable(p) : reserve_locked(p, bytes, slot);
     }
     if (st == VMMT_EFULL) st = fail_full(p, bytes);
     if (st == VMMT_ETOOBIG)
@@ -115,7 +128,7 @@ static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot, uint32_t
  * End of a publish: the slot goes in flight, or back to the free lists. A
  * quarantined pool keeps the slice reserved, since its copy may still run.
  */
-static void finish(struct vmmt_pool *p, uint32_t slot, uint32_t prev, int st, size_t n)
+static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
 {
     pthread_mutex_lock(&p->lock);
     if (st == VMMT_OK) {
@@ -127,7 +140,7 @@ static void finish(struct vmmt_pool *p, uint32_t slot, uint32_t prev, int st, si
         if (p->recycler_idle) pthread_cond_signal(&p->wake);
     } else if (st != VMMT_EFAILED) {
         /* No ready word was written and no descriptor handed out. */
-        p->slot[slot].generation = prev;
+        p->slot[slot].generation = p->slot[slot].prev_generation;
         vmmt__slot_release(p, slot);
     }
     pthread_mutex_unlock(&p->lock);
@@ -138,8 +151,26 @@ static void finish(struct vmmt_pool *p, uint32_t slot, uint32_t prev, int st, si
  * copies were enqueued, the stream must drain before the slice can be
  * reused; if even that fails, the pool's state is uncertain.
  */
+/*
+ * A device table's acknowledgement words at a generation wrap (see
+ * reserve_locked), zeroed on the stream ahead of the copy; the context is
+ * current.
+ */
+int vmmt__publish_clear_acks(struct vmmt_pool *p, uint32_t slot, CUstream s)
+{
+    CUresult r;
+
+    if (p->host_table || p->slot[slot].prev_generation != UINT32_MAX) return VMMT_OK;
+    r = vmmt__drv()->cuMemsetD8Async(vmmt__ctrl_ack(p->ctrl_dev, p->stride, slot, 0), 0,
+                                     4 * (size_t)p->cfg.consumer_count, s);
+    if (r != CUDA_SUCCESS)
+        return vmmt__cu_fail(r, "cuMemsetD8Async(acknowledgements of slot %u at generation wrap)",
+                             slot);
+    return VMMT_OK;
+}
+
 static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
-                   uint32_t slot, int wrapped, CUstream s)
+                   uint32_t slot, CUstream s)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr slice = p->map.base + p->data_offset + p->slot[slot].slice_offset;
@@ -148,24 +179,8 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     CUresult r = CUDA_SUCCESS, sr;
     size_t enqueued = 0;
 
-    /* Once per 2^32 - 1 occupants: acknowledgement words left from the last
-     * cycle could hold this very generation; zero (never a generation) them
-     * ahead of the copy, so only an acknowledgement of this occupant counts. */
-    if (wrapped) {
-        if (p->host_table) {
-            uint32_t *ack = p->table_host + vmmt__ctrl_ack(0, p->stride, slot, 0) / 4;
-            for (int i = 0; i < p->cfg.consumer_count; i++)
-                __atomic_store_n(&ack[i], 0, __ATOMIC_RELEASE);
-        } else {
-            r = d->cuMemsetD8Async(vmmt__ctrl_ack(p->ctrl_dev, p->stride, slot, 0), 0,
-                                   4 * (size_t)p->cfg.consumer_count, s);
-            if (r != CUDA_SUCCESS)
-                return vmmt__cu_fail(r,
-                                     "cuMemsetD8Async(acknowledgements of slot %u at "
-                                     "generation wrap)",
-                                     slot);
-        }
-    }
+    int st = vmmt__publish_clear_acks(p, slot, s);
+    if (st != VMMT_OK) return st;
     for (; enqueued < n; enqueued++) {
         r = d->cuMemcpyDtoDAsync(slice + rel[enqueued], bufs[enqueued].ptr, bufs[enqueued].nbytes,
                                  s);
@@ -212,6 +227,7 @@ static void build(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, 
     if (n > 1) d->flags |= VMMT__DESC_PACKED;
     d->pack_index = (uint16_t)i;
     d->offset = d->slice_offset + rel[i];
+    vmmt__elastic_describe(p, d);
     d->nbytes = bufs[i].nbytes;
     d->dtype_code = bufs[i].dtype.code;
     d->dtype_bits = bufs[i].dtype.bits;
@@ -240,6 +256,8 @@ static int check_records(const struct vmmt_pool *p, const vmmt_buffer *bufs, siz
                           total, p->map.size - p->data_offset);
     for (size_t i = 0; i < n; i++) {
         build(p, bufs, n, rel, i, 0, 1, 0, total, &d);
+        /* No chunk is held yet: any incarnation stands for the one it will have. */
+        if (d.chunk_size != 0) d.incarnation = 1;
         if (vmmt__desc_check(&d, VMMT_EINVAL,
                              "consumers would refuse this descriptor: fix the buffer's dtype "
                              "(lanes >= 1 when bits > 0; code and lanes 0 when bits is 0), "
@@ -268,7 +286,7 @@ int vmmt_publish_packed_size(vmmt_pool *p, const vmmt_buffer *theirs, size_t n, 
 {
     uint64_t rel[VMMT__MAX_PACK], total = 0;
     vmmt_buffer bufs[VMMT__MAX_PACK];
-    uint32_t slot = 0, prev = 0;
+    uint32_t slot = 0;
     int st;
 
     if (p == NULL || theirs == NULL || out == NULL || n == 0)
@@ -290,18 +308,47 @@ int vmmt_publish_packed_size(vmmt_pool *p, const vmmt_buffer *theirs, size_t n, 
     if (st == VMMT_OK) st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return st;
     st = check_records(p, bufs, n, rel, total);
-    if (st == VMMT_OK) st = reserve(p, total, &slot, &prev);
+    if (st == VMMT_OK) st = reserve(p, total, &slot);
     if (st == VMMT_OK) {
-        st = vmmt__ctx_enter(p->device);
-        if (st == VMMT_OK) {
-            st = enqueue(p, bufs, n, rel, slot, prev == UINT32_MAX, (CUstream)stream);
+        /* A host pool copies host memory with the CPU, in no context. */
+        if (p->host_mem)
+            st = vmmt__host_pool_copy(p, bufs, n, rel, slot, (CUstream)stream);
+        else if ((st = vmmt__ctx_enter(p->device)) == VMMT_OK) {
+            st = enqueue(p, bufs, n, rel, slot, (CUstream)stream);
             vmmt__ctx_leave();
         }
         if (st == VMMT_OK) describe(p, bufs, n, rel, slot, out);
-        finish(p, slot, prev, st, n);
+        finish(p, slot, st, n);
     }
     vmmt__pool_leave(p);
     return st;
+}
+
+/*
+ * The ready word of a cancelled reservation, written now: by the CPU in a
+ * shared table, else on the recycler's stream (serialized with its table
+ * reads), synchronized, so that no later occupant's ready write can be
+ * overtaken by this one.
+ */
+static int cancel_reservation_ready(struct vmmt_pool *p, uint32_t slot, uint32_t gen)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    int st;
+
+    if (p->host_table) {
+        __atomic_store_n(p->table_host + vmmt__ctrl_ready(0, p->stride, slot) / 4, gen,
+                         __ATOMIC_RELEASE);
+        return VMMT_OK;
+    }
+    st = vmmt__ctx_enter(p->device);
+    if (st != VMMT_OK) return st;
+    pthread_mutex_lock(&p->reclaim_lock);
+    st = VMMT_CU(d, cuStreamWriteValue32(p->stream, vmmt__ctrl_ready(p->ctrl_dev, p->stride, slot),
+                                         gen, CU_STREAM_WRITE_VALUE_DEFAULT));
+    if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
+    pthread_mutex_unlock(&p->reclaim_lock);
+    vmmt__ctx_leave();
+    return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "cancelling the reservation of slot %u", slot);
 }
 
 int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
@@ -320,7 +367,23 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
     if (st != VMMT_OK) return st;
     pthread_mutex_lock(&p->lock);
     s = &p->slot[d.slot];
-    if (s->generation == d.generation && s->state == SLOT_IN_FLIGHT) {
+    if (s->generation == d.generation && s->state == SLOT_RESERVED) {
+        /* Nothing of ours was enqueued: the caller stopped writing (vmmt.h).
+         * The ready word is set as a commit would, so the slot keeps its rule
+         * (ready shows the occupant or the one before) and the token, now
+         * stale, can never act again. */
+        s->state = SLOT_PUBLISHING;
+        pthread_mutex_unlock(&p->lock);
+        st = cancel_reservation_ready(p, d.slot, d.generation);
+        pthread_mutex_lock(&p->lock);
+        if (st == VMMT_OK) {
+            p->cancelled++;
+            vmmt__slot_release(p, d.slot);
+            pthread_cond_broadcast(&p->changed);
+        } else {
+            s->state = SLOT_RESERVED; /* still the caller's, to cancel again */
+        }
+    } else if (s->generation == d.generation && s->state == SLOT_IN_FLIGHT) {
         p->cancelled++;
         /* Stream-ordered: the copy may still be running; the recycler frees
          * the slice once the ready flag shows it finished. */
@@ -335,5 +398,33 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
     }
     pthread_mutex_unlock(&p->lock);
     vmmt__pool_leave(p);
-    return VMMT_OK;
+    return st;
+}
+
+/* The steps above, for writing in place (reserve.c) and host pools (host_pool.c). */
+int vmmt__publish_check_buffer(const vmmt_buffer *b, size_t i)
+{
+    return check_buffer(b, i);
+}
+
+int vmmt__publish_reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
+{
+    return reserve(p, bytes, slot);
+}
+
+void vmmt__publish_finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
+{
+    finish(p, slot, st, n);
+}
+
+void vmmt__publish_describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                            const uint64_t *rel, uint32_t slot, vmmt_desc *out)
+{
+    describe(p, bufs, n, rel, slot, out);
+}
+
+int vmmt__publish_enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                          const uint64_t *rel, uint32_t slot, CUstream s)
+{
+    return enqueue(p, bufs, n, rel, slot, s);
 }

@@ -20,6 +20,7 @@ void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot)
 
     /* The offset came from this slab, so freeing it cannot fail. */
     (void)vmmt__slab_free(p->slab, s->slice_offset);
+    if (p->el != NULL) vmmt__elastic_drop(p, s->slice_offset, s->slice_bytes);
     s->state = SLOT_FREE;
     p->free_slots[p->free_count++] = slot;
 }
@@ -133,11 +134,19 @@ static void *recycler_main(void *arg)
 
     pthread_mutex_lock(&p->lock);
     while (!p->stop) {
+        /* An elastic pool gives idle chunks back; sleeping, it wakes when the next is due. */
+        int64_t trim_us = p->el != NULL ? vmmt__elastic_trim(p) : -1;
         if (p->failed || (p->in_flight == 0 && quiet >= GRACE_INTERVALS)) {
+            int timed_out = 0;
             p->recycler_idle = 1;
-            pthread_cond_wait(&p->wake, &p->lock);
+            if (trim_us >= 0 && !p->failed) {
+                vmmt__deadline(&next, trim_us);
+                timed_out = pthread_cond_timedwait(&p->wake, &p->lock, &next) == ETIMEDOUT;
+            } else {
+                pthread_cond_wait(&p->wake, &p->lock);
+            }
             p->recycler_idle = 0;
-            quiet = 0;
+            if (!timed_out) quiet = 0;
             continue;
         }
         quiet = p->in_flight == 0 ? quiet + 1 : 0;

@@ -120,10 +120,25 @@ static int reserve_alignment(int device, size_t *gmin, size_t *grec)
     return st;
 }
 
+int vmmt__grant_device(CUdeviceptr base, uint64_t size, int device)
+{
+    CUmemAccessDesc access;
+    CUresult r;
+
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = vmmt__drv()->cuMemSetAccess(base, size, &access, 1);
+    if (r != CUDA_SUCCESS)
+        return vmmt__cu_fail(r, "cuMemSetAccess(size=%" PRIu64 ", device=%d, read-write)", size,
+                             device);
+    return VMMT_OK;
+}
+
 /* Reserve, map and grant access for m->handle; m->size and m->device set. */
 static int map_handle(const struct vmmt_drv *d, struct vmmt__mapping *m)
 {
-    CUmemAccessDesc access;
     size_t gmin = 0, grec = 0;
     CUresult r;
     int st;
@@ -137,15 +152,7 @@ static int map_handle(const struct vmmt_drv *d, struct vmmt__mapping *m)
     r = d->cuMemMap(m->base, m->size, 0, m->handle, 0);
     if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "cuMemMap(size=%" PRIu64 ")", m->size);
     m->mapped = 1;
-    memset(&access, 0, sizeof access);
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = m->device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = d->cuMemSetAccess(m->base, m->size, &access, 1);
-    if (r != CUDA_SUCCESS)
-        return vmmt__cu_fail(r, "cuMemSetAccess(size=%" PRIu64 ", device=%d, read-write)", m->size,
-                             m->device);
-    return VMMT_OK;
+    return vmmt__grant_device(m->base, m->size, m->device);
 }
 
 /* Undo a failed setup without disturbing the message that explains the failure. */

@@ -59,6 +59,9 @@ int vmmt__mapping_create(int device, uint64_t size, vmmt_handle_type type, int r
 int vmmt__mapping_adopt(int device, CUmemGenericAllocationHandle handle, uint64_t size,
                         struct vmmt__mapping *m);
 
+/* Grant `device` read-write access to the mapped range [base, base + size). */
+int vmmt__grant_device(CUdeviceptr base, uint64_t size, int device);
+
 /* Unmap, release the handle, free the range: in that order, each at most once. */
 int vmmt__mapping_release(struct vmmt__mapping *m);
 

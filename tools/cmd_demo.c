@@ -30,6 +30,10 @@ struct demo {
     uint32_t count;
     const char *driver;
     int devices;
+    int host;    /* --host: a host pool, published from host memory with no context */
+    int elastic; /* --elastic: an elastic device pool */
+    double rate; /* --rate: publishes per second at most; 0: as fast as possible */
+    uint8_t *hsrc[DEMO_PATTERNS];
     vmmt_pool *pool;
     CUstream stream;
     CUdeviceptr src[DEMO_PATTERNS];
@@ -74,9 +78,14 @@ static int parse(int argc, char **argv, struct demo *o)
     /* Every option takes a value: step two at a time. */
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--host") == 0 || strcmp(a, "--elastic") == 0) {
+            *(a[2] == 'h' ? &o->host : &o->elastic) = 1;
+            i--; /* no value */
+            continue;
+        }
         if (strcmp(a, "--help") == 0) {
             printf("usage: vmmt demo [--consumers N] [--size BYTES] [--count N] "
-                   "[--driver cuda|emu]\n");
+                   "[--host | --elastic] [--rate HZ] [--driver cuda|emu]\n");
             exit(0);
         } else if (strcmp(a, "--consumers") == 0 && v) {
             o->consumers = atoi(v);
@@ -86,17 +95,23 @@ static int parse(int argc, char **argv, struct demo *o)
             o->count = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--driver") == 0 && v) {
             o->driver = v;
+        } else if (strcmp(a, "--rate") == 0 && v) {
+            o->rate = strtod(v, NULL);
+            if (!(o->rate >= 0 && o->rate <= 1e6)) goto bad;
         } else {
             goto bad;
         }
     }
-    if (o->consumers < 1 || o->consumers > MAX_CONSUMERS || o->count == 0) goto bad;
+    if (o->consumers < 1 || o->consumers > MAX_CONSUMERS || o->count == 0 ||
+        (o->host && o->elastic))
+        goto bad;
     return CLI_OK;
 bad:
     fprintf(stderr,
-            "vmmt demo: bad arguments (consumers 1..%d, size like 4M, count >= 1)\n"
-            "usage: vmmt demo [--consumers N] [--size BYTES] [--count N] "
-            "[--driver cuda|emu]\n",
+            "vmmt demo: bad arguments (consumers 1..%d, size like 4M, count >= 1, --host or "
+            "--elastic)\n"
+            "usage: vmmt demo [--consumers N] [--size BYTES] [--count N] [--host | --elastic] "
+            "[--rate HZ] [--driver cuda|emu]\n",
             MAX_CONSUMERS);
     return CLI_ERROR;
 }
@@ -164,6 +179,18 @@ static int make_sources(struct demo *o)
     return st;
 }
 
+/* A host pool's producer: the patterns in plain host memory, no GPU touched. */
+static int make_host_sources(struct demo *o)
+{
+    for (uint32_t p = 0; p < DEMO_PATTERNS; p++) {
+        o->hsrc[p] = malloc(o->size);
+        if (o->hsrc[p] == NULL) return VMMT_ENOMEM;
+        for (uint64_t j = 0; j < o->size; j++)
+            o->hsrc[p][j] = demo_byte(p, j);
+    }
+    return VMMT_OK;
+}
+
 static void take_reply(struct demo *o, const struct demo_reply *r)
 {
     o->replies++;
@@ -207,6 +234,10 @@ static int publish(struct demo *o, uint32_t i, vmmt_desc *desc)
     memset(&b, 0, sizeof b);
     b.ptr = o->src[i % DEMO_PATTERNS];
     b.nbytes = o->size;
+    if (o->host) {
+        b.ptr = (uint64_t)(uintptr_t)o->hsrc[i % DEMO_PATTERNS];
+        b.location = VMMT_LOC_HOST;
+    }
     while ((st = vmmt_publish(o->pool, &b, o->stream, desc)) == VMMT_EFULL && now_s() < give_up)
         if (collect(o, 1) < 0) break;
     return st;
@@ -232,6 +263,12 @@ static int run(struct demo *o, double *elapsed)
     vmmt_desc desc;
 
     for (uint32_t i = 0; i < o->count; i++) {
+        /* Paced (bench/interference.py): publish i no earlier than i / rate seconds in. */
+        while (o->rate > 0 && now_s() < t0 + i / o->rate) {
+            struct timespec pause = {0, 100000};
+            collect(o, 0);
+            nanosleep(&pause, NULL);
+        }
         if (publish(o, i, &desc) != VMMT_OK) {
             printf("vmmt demo: publish %u failed: %s\n", i, vmmt_last_error());
             return CLI_ERROR;
@@ -284,9 +321,21 @@ static void summary(struct demo *o, double elapsed, int drained, int bad_exits)
              bad_exits == 0;
 
     vmmt_pool_get_stats(o->pool, &s);
-    printf("pool: device 0, %.1f MiB (%.1f MiB for data), %s handles, %s hand-off, %u slots\n",
-           (double)s.allocation_size / (1 << 20), (double)s.data_bytes / (1 << 20),
-           vmmt_handle_type_name(s.handle_type), vmmt_handoff_name(s.handoff), s.slots);
+    printf("pool: %s memory for device 0, %.1f MiB (%.1f MiB for data), %s handles, %s "
+           "hand-off, %u slots\n",
+           vmmt_memory_location_name(s.memory_location), (double)s.allocation_size / (1 << 20),
+           (double)s.data_bytes / (1 << 20), vmmt_handle_type_name(s.handle_type),
+           vmmt_handoff_name(s.handoff), s.slots);
+    if (o->host)
+        printf("producer: published from host memory with the CPU; device memory held by the "
+               "pool: %" PRIu64 " bytes, no CUDA context made\n",
+               s.device_bytes);
+    if (o->elastic)
+        printf("elastic: %.1f MiB resident now, %.1f MiB at the peak, of %.1f MiB; %" PRIu64
+               " chunks of %.1f MiB made, %" PRIu64 " given back\n",
+               (double)s.resident_bytes / (1 << 20), (double)s.peak_bytes / (1 << 20),
+               (double)s.max_bytes / (1 << 20), s.chunks_made, (double)s.chunk_bytes / (1 << 20),
+               s.chunks_released);
     printf("consumers: %d process(es) on device(s)", o->consumers);
     for (int k = 0; k < o->consumers && k < 8; k++)
         printf("%s%d", k ? ", " : " ", k % o->devices);
@@ -311,8 +360,10 @@ static void cleanup(struct demo *o)
     const struct vmmt_drv *d = vmmt__drv();
 
     vmmt_pool_destroy(o->pool);
-    for (int p = 0; p < DEMO_PATTERNS; p++)
+    for (int p = 0; p < DEMO_PATTERNS; p++) {
         if (o->src[p]) d->cuMemFree(o->src[p]);
+        free(o->hsrc[p]);
+    }
     if (o->stream) d->cuStreamDestroy(o->stream);
     vmmt__ctx_leave();
 }
@@ -326,12 +377,22 @@ static int setup(struct demo *o)
     c.memory_size = want;
     c.consumer_count = o->consumers;
     c.round_up = 1;
+    c.memory_location = o->host ? VMMT_MEMORY_HOST : VMMT_MEMORY_DEVICE;
+    c.elastic = o->elastic;
     /* The demo waits for room itself when the pool is full: no warning for that. */
     vmmt_set_log_level(VMMT_LOG_ERROR);
-    if (vmmt__ctx_enter(0) != VMMT_OK) return CLI_ERROR;
-    if (vmmt_pool_create(&c, &o->pool) != VMMT_OK ||
-        VMMT_CU(vmmt__drv(), cuStreamCreate(&o->stream, CU_STREAM_NON_BLOCKING)) != VMMT_OK ||
-        make_sources(o) != VMMT_OK) {
+    if (o->host) {
+        /* The producer of a host pool never makes a context current. */
+        if (vmmt_pool_create(&c, &o->pool) != VMMT_OK || make_host_sources(o) != VMMT_OK) {
+            printf("vmmt demo: %s\n", vmmt_last_error());
+            return CLI_ERROR;
+        }
+    } else if (vmmt__ctx_enter(0) != VMMT_OK) {
+        return CLI_ERROR;
+    } else if (vmmt_pool_create(&c, &o->pool) != VMMT_OK ||
+               VMMT_CU(vmmt__drv(), cuStreamCreate(&o->stream, CU_STREAM_NON_BLOCKING)) !=
+                   VMMT_OK ||
+               make_sources(o) != VMMT_OK) {
         printf("vmmt demo: %s\n", vmmt_last_error());
         return CLI_ERROR;
     }

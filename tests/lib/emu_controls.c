@@ -46,6 +46,16 @@ EMU_COUNTER(vmmt__emu_live_mappings)
 EMU_COUNTER(vmmt__emu_live_streams)
 EMU_COUNTER(vmmt__emu_live_events)
 EMU_COUNTER(vmmt__emu_live_blocks)
+EMU_COUNTER(vmmt__emu_live_contexts)
+
+#define EMU_BYTES(name)                                                                            \
+    unsigned long long name(void)                                                                  \
+    {                                                                                              \
+        unsigned long long (*f)(void) = (unsigned long long (*)(void))control(#name);              \
+        return f != NULL ? f() : 0;                                                                \
+    }
+EMU_BYTES(vmmt__emu_device_bytes)
+EMU_BYTES(vmmt__emu_host_numa_bytes)
 
 long vmmt__emu_calls(const char *entry)
 {

@@ -2,6 +2,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <time.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -39,7 +41,24 @@ vmmt_pool_config config(uint64_t size, int consumers)
     c.memory_size = size;
     c.consumer_count = consumers;
     c.max_slices = 64;
+    if (pool_kind_host()) c.memory_location = VMMT_MEMORY_HOST;
+    if (pool_kind_elastic()) {
+        c.elastic = 1;
+        c.chunk_size = 1 * MiB;
+    }
     return c;
+}
+
+int pool_kind_elastic(void)
+{
+    const char *k = getenv("VMMT_TEST_POOL_KIND");
+    return k != NULL && strcmp(k, "elastic") == 0;
+}
+
+int pool_kind_host(void)
+{
+    const char *k = getenv("VMMT_TEST_POOL_KIND");
+    return k != NULL && strcmp(k, "host") == 0;
 }
 
 int pool_setup(void **state)
@@ -181,6 +200,7 @@ void gate_free(struct gate *g)
     vmmt__drv()->cuMemFree(g->word);
 }
 
+/* Consumer processes (tests/children/consumer_child.c) on a socket pair. */
 void spawn_consumer(int device, int first, int count, int *sock, pid_t *pid)
 {
     int sv[2];

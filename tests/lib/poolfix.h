@@ -25,7 +25,14 @@ struct fixture {
 int on_emu(void);
 void emu_reset(void);
 void emu_fail(const char *spec);
+/*
+ * A pool config for the transport tests: a device pool, or a host pool when
+ * VMMT_TEST_POOL_KIND=host, or an elastic device pool of 1 MiB chunks when it
+ * is elastic (CTest runs the suites all three ways).
+ */
 vmmt_pool_config config(uint64_t size, int consumers);
+int pool_kind_host(void);
+int pool_kind_elastic(void);
 int pool_setup(void **state);
 int pool_teardown(void **state);
 

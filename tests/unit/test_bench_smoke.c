@@ -75,12 +75,19 @@ static void test_bench_quick_emu(void **state)
     assert_contains(g_out, "S3  end to end, same GPU 4 KiB");
     assert_contains(g_out, "consumers on GPU 1,1,1,1");
     assert_contains(g_out, "broker fetch alone");
+    /* S10 and S11: the same-GPU floor, host pools, elastic pools, writing in place. */
+    assert_contains(g_out, "S10 two-process floor, same GPU 4 KiB");
+    assert_contains(g_out, "S10 host pool e2e, same GPU 4 MiB");
+    assert_contains(g_out, "S10 device memory held by a host pool");
+    assert_contains(g_out, "S11 publish that grows the pool 1 MiB");
+    assert_contains(g_out, "S11 device memory held by an idle elastic pool");
+    assert_contains(g_out, "S11 in-place publish 1 MiB");
     json = read_file(path);
     unlink(path);
     assert_contains(json, "\"driver\": \"emu\"");
     assert_contains(json, "\"device\": \"vmmt emulated device 0\"");
     assert_contains(json, "\"series\": [");
-    for (int i = 1; i <= 9; i++) {
+    for (int i = 1; i <= 11; i++) {
         snprintf(id, sizeof id, "S%d", i);
         row_of(json, id, row, sizeof row);
         assert_contains(row, "\"failed\": false");
@@ -91,10 +98,10 @@ static void test_bench_quick_emu(void **state)
 
 static void test_bench_bad_option(void **state)
 {
-    const char *args[] = {"bench", "--only", "S10", NULL};
+    const char *args[] = {"bench", "--only", "S12", NULL};
     (void)state;
     assert_int_equal(run_tool(args, g_out), 2);
-    assert_contains(g_out, "bad option '--only S10'");
+    assert_contains(g_out, "bad option '--only S12'");
 }
 
 static void test_bench_peer_device_missing(void **state)

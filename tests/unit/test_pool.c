@@ -143,6 +143,8 @@ static void test_fabric_roundtrip(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(8 * MiB, 1);
 
+    /* FABRIC or a device control table: fixed device pools only */
+    if (pool_kind_host() || pool_kind_elastic()) skip();
     if (!on_emu()) skip();
     setenv("VMMT_EMU_HANDLES", "fabric,posix_fd", 1);
     vmmt__emu_configure();
@@ -165,6 +167,8 @@ static void test_fabric_fallback(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(8 * MiB, 1);
 
+    /* FABRIC or a device control table: fixed device pools only */
+    if (pool_kind_host() || pool_kind_elastic()) skip();
     if (!on_emu()) skip();
     c.handle_type = VMMT_HANDLE_FABRIC;
     c.allow_posix_fallback = 0;
@@ -446,6 +450,8 @@ static void test_sync_handoff_when_wait_refused(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(4 * MiB, 1);
 
+    /* FABRIC or a device control table: fixed device pools only */
+    if (pool_kind_host() || pool_kind_elastic()) skip();
     if (!on_emu()) skip();
     setenv("VMMT_EMU_WAIT_IMPORTED", "0", 1);
     vmmt__emu_configure();
@@ -551,6 +557,8 @@ static void test_host_table_default_for_posix(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(4 * MiB, 1);
 
+    /* FABRIC or a device control table: fixed device pools only */
+    if (pool_kind_host() || pool_kind_elastic()) skip();
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     assert_true(stats(f->pool).host_control_table);
     assert_int_equal(stats(f->pool).data_bytes, stats(f->pool).allocation_size);
@@ -570,6 +578,8 @@ static void test_device_table_across_processes(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(16 * MiB, 2);
 
+    /* FABRIC or a device control table: fixed device pools only */
+    if (pool_kind_host() || pool_kind_elastic()) skip();
     c.device_control_table = 1;
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     multi_process(f, 2, 6, 200000);
