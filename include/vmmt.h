@@ -262,13 +262,21 @@ VMMT_API void vmmt_pool_config_init(vmmt_pool_config *config);
  */
 VMMT_API int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **out);
 
+/* Where a buffer's bytes are (vmmt_buffer.location). */
+typedef enum vmmt_location {
+    VMMT_LOC_DEVICE = 0, /* device memory the pool's device can read (the default) */
+    VMMT_LOC_HOST = 1    /* host memory: pageable (malloc) or page-locked (pinned) */
+} vmmt_location;
+
 /* A tensor to publish: device pointer, bytes, and optionally its DLPack dtype and shape. */
 typedef struct vmmt_buffer {
-    uint64_t ptr; /* CUdeviceptr on the pool's device, or one it can read */
+    uint64_t ptr; /* CUdeviceptr on the pool's device, or one it can read; a host address for
+                     VMMT_LOC_HOST */
     uint64_t nbytes;
     vmmt_dtype dtype; /* bits == 0: untyped bytes */
     int ndim;
     int64_t shape[VMMT_MAX_DIMS];
+    int location; /* a vmmt_location; 0 (device) when zero-initialised */
 } vmmt_buffer;
 
 /*
@@ -276,6 +284,14 @@ typedef struct vmmt_buffer {
  * stream) and describe it in *out. VMMT_EFULL at once when no slice is free
  * even after reclaiming (fall back to another path, or retry later);
  * VMMT_ETOOBIG when it could never fit.
+ *
+ * Host sources (location VMMT_LOC_HOST): from page-locked memory the copy is
+ * stream-ordered like a device source, so the caller keeps the bytes alive
+ * and unchanged until `stream` has passed the publish. From pageable memory
+ * the publish synchronizes `stream` before it returns (the driver would
+ * stage such a copy through its own pinned buffer anyway), so the caller may
+ * reuse the memory at once. The library asks the driver which one a pointer
+ * is.
  */
 VMMT_API int vmmt_publish(vmmt_pool *pool, const vmmt_buffer *buf, void *stream, vmmt_desc *out);
 
@@ -332,6 +348,28 @@ VMMT_API int vmmt_pool_shutdown(vmmt_pool *pool);
 
 /* Shut down (if needed) and free. NULL is allowed. */
 VMMT_API void vmmt_pool_destroy(vmmt_pool *pool);
+
+/* ---------------------------------------------------------- device memory */
+
+/*
+ * Plain device memory, for buffers to publish from or consume into when the
+ * application has no allocator of its own (the Python binding uses these).
+ * Each call makes `device`'s primary context current for its duration.
+ */
+
+/* cuMemAlloc of nbytes (> 0) on device; *ptr receives the address. */
+VMMT_API int vmmt_mem_alloc(int device, uint64_t nbytes, uint64_t *ptr);
+
+/* Free what vmmt_mem_alloc gave; ptr 0 does nothing. Work using it must be done. */
+VMMT_API int vmmt_mem_free(int device, uint64_t ptr);
+
+/*
+ * Copy nbytes from src to dst on `stream` (NULL: the default stream). Either
+ * side may be device memory or host memory (pageable or pinned): unified
+ * addressing tells them apart. Stream-ordered; synchronize `stream` before
+ * reading the result from the host.
+ */
+VMMT_API int vmmt_mem_copy(int device, uint64_t dst, uint64_t src, uint64_t nbytes, void *stream);
 
 /* -------------------------------------------------------------- consumer */
 
