@@ -21,10 +21,14 @@
 extern "C" {
 #endif
 
+/* Builds that compile the library into another object (the Python
+ * extension) define VMMT_API empty to keep its symbols private. */
+#ifndef VMMT_API
 #if defined(__GNUC__)
 #define VMMT_API __attribute__((visibility("default")))
 #else
 #define VMMT_API
+#endif
 #endif
 
 #define VMMT_VERSION_MAJOR  0
