@@ -153,6 +153,25 @@ static int check_open(PoolObject *self)
     return -1;
 }
 
+/*
+ * The emulated driver's device memory is host memory, so its consumed
+ * buffers present themselves as CPU arrays; published again (a relay), they
+ * are device memory all the same. On the real driver a CPU array is never
+ * device memory, so this asks only the emulator.
+ */
+static int emu_device_memory(PoolObject *self, uint64_t ptr)
+{
+    unsigned type = 0;
+    int yes = 0;
+
+    if (!vmmtpy_on_emu() || vmmt__ctx_enter(self->device) != VMMT_OK) return 0;
+    yes = vmmt__drv()->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) ==
+              CUDA_SUCCESS &&
+          type == CU_MEMORYTYPE_DEVICE;
+    vmmt__ctx_leave();
+    return yes;
+}
+
 /* An event recorded on `stream` after the publish; NULL with an error set on failure. */
 static int record_done(PoolObject *self, void *stream, CUevent *out)
 {
@@ -213,6 +232,8 @@ static PyObject *pool_publish(PoolObject *self, PyObject *args)
         if (bad) goto out;
         k->n = (size_t)i + 1;
         if (vmmtpy_tensor_to_buffer(k->src[i].t, &bufs[i]) != 0) goto out;
+        if (bufs[i].location == VMMT_LOC_HOST && emu_device_memory(self, bufs[i].ptr))
+            bufs[i].location = VMMT_LOC_DEVICE;
     }
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_publish_packed(self->pool, bufs, (size_t)n, stream, descs);

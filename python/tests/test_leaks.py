@@ -1,0 +1,134 @@
+"""No Python object, file descriptor or (emulated) device memory leaks on
+any path: repeated calls, failures, gc, tracemalloc, reference counts and
+the emulated driver's live counters."""
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import emu_counters
+import vmmt
+
+
+def test_repeated_calls_hold_nothing(no_leaks):
+    a = np.arange(1000, dtype=np.float32)
+    refs = sys.getrefcount(a)
+    with vmmt.Pool(0, 8 << 20, 1, max_slices=4096) as pool, vmmt.Consumer() as consumer:
+        for _ in range(20):  # warm up caches and the allocator
+            np.from_dlpack(consumer.consume(pool.publish(a)))
+        gc.collect()
+        live = emu_counters.live()
+        tracemalloc.start()
+        snap = tracemalloc.take_snapshot()
+        for _ in range(300):
+            x = np.from_dlpack(consumer.consume(pool.publish(a)))
+            del x
+        gc.collect()
+        grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(snap, "filename"))
+        tracemalloc.stop()
+        assert grown < 64 * 1024, "Python memory grew by %d bytes over 300 round trips" % grown
+        assert emu_counters.live() == live  # every consumed buffer was freed
+        pool.drain(5000)
+        assert pool._pool.pending() == 0 or pool.publish(a) is not None
+    gc.collect()
+    assert sys.getrefcount(a) == refs  # the pool gave every source back
+
+
+def test_failures_leak_nothing(no_leaks):
+    a = np.arange(100, dtype=np.uint8)
+    refs = sys.getrefcount(a)
+    with vmmt.Pool(0, 2 << 20, 1, max_slices=2) as pool, vmmt.Consumer() as consumer:
+        for _ in range(50):
+            d1 = pool.publish(a)
+            d2 = pool.publish(a)
+            assert pool.publish_many([a]) is None  # out of slots
+            with pytest.raises(vmmt.PoolFull):
+                pool.publish(a)
+            with pytest.raises(ValueError):
+                pool.publish_many([a, np.zeros([1] * 9, np.uint8)])
+            with pytest.raises(ValueError):
+                consumer.consume(d1, out=np.zeros(1, np.uint8))  # too small: consumed anyway
+            consumer.ack(d2)
+            pool.drain(5000)
+        with pytest.raises(ValueError):
+            consumer.consume(b"\0" * 512)
+    gc.collect()
+    assert sys.getrefcount(a) == refs
+
+
+def test_sources_kept_until_copy_done_then_released(no_leaks):
+    a = np.arange(4096, dtype=np.uint8)
+    refs = sys.getrefcount(a)
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        d = pool.publish(a)
+        # The capsule's reference stays with the pool until its copy is known done.
+        assert pool._pool.pending() == 1
+        assert sys.getrefcount(a) == refs + 1
+        consumer.consume(d)
+        pool.drain(5000)
+        assert pool._pool.pending() == 0
+        assert sys.getrefcount(a) == refs
+        pool.publish(a)
+    gc.collect()  # close() gave the last one back
+    assert sys.getrefcount(a) == refs
+
+
+def test_buffer_lives_while_arrays_use_it(no_leaks):
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)))
+        blocks = emu_counters.live()["blocks"]
+        x = np.from_dlpack(buf)
+        y = np.from_dlpack(buf)
+        del buf
+        gc.collect()
+        assert emu_counters.live()["blocks"] == blocks
+        del x
+        gc.collect()
+        assert emu_counters.live()["blocks"] == blocks
+        assert y.sum() == 45
+        del y
+        gc.collect()
+        assert emu_counters.live()["blocks"] == blocks - 1
+
+
+def test_unconsumed_capsules_and_deleter_on_other_thread(no_leaks):
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)))
+        blocks = emu_counters.live()["blocks"]
+        for _ in range(100):
+            buf.__dlpack__(max_version=(1, 0))  # dropped unconsumed: the capsule returns it
+            buf.__dlpack__()
+        holder = [np.from_dlpack(buf) for _ in range(8)]
+        del buf
+        t = threading.Thread(target=holder.clear)  # the deleters run on this thread
+        t.start()
+        t.join(10)
+        gc.collect()
+        assert emu_counters.live()["blocks"] == blocks - 1
+
+
+def test_deleter_after_interpreter_shutdown(tmp_path):
+    """Arrays still holding consumed buffers at exit: no crash, no hang."""
+    script = textwrap.dedent("""
+        import sys, threading
+        sys.path[:0] = %r
+        import numpy as np, vmmt
+        pool = vmmt.Pool(0, 2 << 20, 1)
+        c = vmmt.Consumer()
+        KEEP = [np.from_dlpack(c.consume(pool.publish(np.arange(8, dtype=np.int32))))]
+        CAPS = [c.consume(pool.publish(np.arange(8, dtype=np.int32))).__dlpack__()]
+        # a capsule alive in a thread that outlives the interpreter's teardown
+        def hold(x=c.consume(pool.publish(np.arange(4, dtype=np.int32)))):
+            import time; time.sleep(0.2)
+        threading.Thread(target=hold, daemon=True).start()
+        print("ok", KEEP[0].sum())
+    """ % (sys.path[:3],))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "ok 28" in out.stdout
