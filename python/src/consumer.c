@@ -200,6 +200,15 @@ static void consumer_dealloc(ConsumerObject *self)
     Py_DECREF(tp);
 }
 
+vmmt_consumer *vmmtpy_consumer_handle(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, vmmtpy_ConsumerType) || ((ConsumerObject *)o)->consumer == NULL) {
+        PyErr_SetString(PyExc_TypeError, "expected an open vmmt._vmmt.Consumer");
+        return NULL;
+    }
+    return ((ConsumerObject *)o)->consumer;
+}
+
 static PyMethodDef consumer_methods[] = {
     {"consume", (PyCFunction)consumer_consume, METH_VARARGS,
      "consume(desc, device, stream, rank_first=-1, rank_count=0) -> Buffer"},

@@ -332,6 +332,8 @@ static PyMethodDef methods[] = {
     {"mem_copy", py_mem_copy, METH_VARARGS, "mem_copy(device, dst, src, nbytes, stream=0)."},
     {"stream_synchronize", py_stream_synchronize, METH_VARARGS,
      "stream_synchronize(device, stream=0)."},
+    {"_bench_c", vmmtpy_bench_c, METH_VARARGS,
+     "Benchmark only: the C API's cost per publish and per consume, in this process."},
 #ifdef VMMT_PY_EMU_BUILTIN
     {"_emu_live", py_emu_live, METH_NOARGS, "Test hook: the emulated driver's live counters."},
 #endif

@@ -439,6 +439,16 @@ static void pool_dealloc(PoolObject *self)
     Py_DECREF(tp);
 }
 
+vmmt_pool *vmmtpy_pool_handle(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, vmmtpy_PoolType) || ((PoolObject *)o)->pool == NULL ||
+        ((PoolObject *)o)->closed) {
+        PyErr_SetString(PyExc_TypeError, "expected an open vmmt._vmmt.Pool");
+        return NULL;
+    }
+    return ((PoolObject *)o)->pool;
+}
+
 static PyMethodDef pool_methods[] = {
     {"publish", (PyCFunction)pool_publish, METH_VARARGS,
      "publish(capsules, stream, none_when_full=False) -> list of descriptor bytes"},

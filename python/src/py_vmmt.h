@@ -59,6 +59,13 @@ extern PyType_Spec vmmtpy_pool_spec, vmmtpy_consumer_spec, vmmtpy_buffer_spec;
 PyObject *vmmtpy_buffer_new(int device, uint64_t ptr, uint64_t nbytes, const vmmt_desc_info *info,
                             void *stream, int host_view);
 
+/* The C handles behind the types (the benchmark's C loop uses them); NULL + TypeError. */
+vmmt_pool *vmmtpy_pool_handle(PyObject *o);
+vmmt_consumer *vmmtpy_consumer_handle(PyObject *o);
+
+/* The benchmark's C loop (bench.c), a module function. */
+PyObject *vmmtpy_bench_c(PyObject *self, PyObject *args);
+
 /* Whether the emulated driver is in use (its device memory is host memory). */
 int vmmtpy_on_emu(void);
 
