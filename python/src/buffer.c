@@ -192,8 +192,8 @@ static PyObject *buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kw)
     PyObject *cap;
     int versioned = 0;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$OOO", kwlist, &stream, &max_version,
-                                     &dl_device, &copy))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$OOO", kwlist, &stream, &max_version, &dl_device,
+                                     &copy))
         return NULL;
     if (max_version != Py_None) {
         long major;

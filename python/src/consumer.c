@@ -58,8 +58,7 @@ static int desc_arg(PyObject *o, vmmt_desc *d)
 
     if (PyBytes_AsStringAndSize(o, &data, &n) != 0) return -1;
     if (n != VMMT_DESC_SIZE) {
-        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE,
-                     n);
+        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE, n);
         return -1;
     }
     memcpy(d->bytes, data, VMMT_DESC_SIZE);
@@ -109,8 +108,8 @@ static PyObject *consumer_consume_into(ConsumerObject *self, PyObject *args)
     unsigned long long dst, size;
     int device, first = VMMT_ALL_RANKS, count = 0, st;
 
-    if (!PyArg_ParseTuple(args, "OiKKO&|ii", &o, &device, &dst, &size, vmmtpy_stream_conv,
-                          &stream, &first, &count))
+    if (!PyArg_ParseTuple(args, "OiKKO&|ii", &o, &device, &dst, &size, vmmtpy_stream_conv, &stream,
+                          &first, &count))
         return NULL;
     if (check_open(self) != 0 || desc_arg(o, &d) != 0) return NULL;
     Py_BEGIN_ALLOW_THREADS;

@@ -30,8 +30,15 @@ typedef struct {
     int32_t device_id;
 } DLDevice;
 
-enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLOpaqueHandle = 3, kDLBfloat = 4, kDLComplex = 5,
-       kDLBool = 6 };
+enum {
+    kDLInt = 0,
+    kDLUInt = 1,
+    kDLFloat = 2,
+    kDLOpaqueHandle = 3,
+    kDLBfloat = 4,
+    kDLComplex = 5,
+    kDLBool = 6
+};
 
 typedef struct {
     uint8_t code;

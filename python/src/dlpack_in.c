@@ -38,8 +38,7 @@ int vmmtpy_capsule_tensor(PyObject *capsule, DLTensor **t, int *readonly)
         if (m->version.major > VMMT_DLPACK_MAJOR) {
             PyErr_Format(PyExc_BufferError,
                          "DLPack %u.%u capsule; this vmmt understands major version %d",
-                         (unsigned)m->version.major, (unsigned)m->version.minor,
-                         VMMT_DLPACK_MAJOR);
+                         (unsigned)m->version.major, (unsigned)m->version.minor, VMMT_DLPACK_MAJOR);
             return -1;
         }
         *readonly = (m->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
@@ -88,13 +87,9 @@ int vmmtpy_tensor_to_buffer(const DLTensor *t, vmmt_buffer *b)
     memset(b, 0, sizeof *b);
     switch ((int)t->device.device_type) {
     case kDLCUDA:
-    case kDLCUDAManaged:
-        b->location = VMMT_LOC_DEVICE;
-        break;
+    case kDLCUDAManaged: b->location = VMMT_LOC_DEVICE; break;
     case kDLCPU:
-    case kDLCUDAHost:
-        b->location = VMMT_LOC_HOST;
-        break;
+    case kDLCUDAHost: b->location = VMMT_LOC_HOST; break;
     default:
         PyErr_Format(PyExc_ValueError,
                      "cannot publish a tensor on DLPack device type %d; vmmt takes CUDA device "

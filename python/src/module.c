@@ -148,15 +148,15 @@ static PyObject *py_probe_device(PyObject *self, PyObject *arg)
     handoff = p.stream_wait_imported == 1   ? "stream-ordered"
               : p.stream_wait_imported == 0 ? "synchronous"
                                             : "none";
-    out = Py_BuildValue(
-        "{s:i,s:s,s:K,s:O,s:O,s:O,s:N,s:i,s:s,s:s,s:s,s:i}", "device", p.device, "name", p.name,
-        "total_memory", (unsigned long long)p.total_memory, "vmm_supported",
-        p.vmm_supported ? Py_True : Py_False, "rdma_with_vmm_supported",
-        p.rdma_with_vmm_supported ? Py_True : Py_False, "imex_channels_present",
-        p.imex_channels_present ? Py_True : Py_False, "handle_types", types, "stream_wait_imported",
-        p.stream_wait_imported, "handoff", handoff, "selected",
-        st == VMMT_OK ? vmmt_handle_type_name(p.selected) : "", "reason",
-        st == VMMT_OK ? p.reason : vmmt_last_error(), "status", st);
+    out = Py_BuildValue("{s:i,s:s,s:K,s:O,s:O,s:O,s:N,s:i,s:s,s:s,s:s,s:i}", "device", p.device,
+                        "name", p.name, "total_memory", (unsigned long long)p.total_memory,
+                        "vmm_supported", p.vmm_supported ? Py_True : Py_False,
+                        "rdma_with_vmm_supported", p.rdma_with_vmm_supported ? Py_True : Py_False,
+                        "imex_channels_present", p.imex_channels_present ? Py_True : Py_False,
+                        "handle_types", types, "stream_wait_imported", p.stream_wait_imported,
+                        "handoff", handoff, "selected",
+                        st == VMMT_OK ? vmmt_handle_type_name(p.selected) : "", "reason",
+                        st == VMMT_OK ? p.reason : vmmt_last_error(), "status", st);
     return out;
 }
 
@@ -193,8 +193,7 @@ static PyObject *py_desc_inspect(PyObject *self, PyObject *arg)
     (void)self;
     if (PyBytes_AsStringAndSize(arg, &data, &n) != 0) return NULL;
     if (n != VMMT_DESC_SIZE) {
-        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE,
-                     n);
+        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE, n);
         return NULL;
     }
     memcpy(d.bytes, data, VMMT_DESC_SIZE);
@@ -208,10 +207,10 @@ static PyObject *py_desc_inspect(PyObject *self, PyObject *arg)
     for (int k = 0; k < i.ndim; k++)
         PyTuple_SetItem(shape, k, PyLong_FromLongLong(i.shape[k]));
     return Py_BuildValue("(y#siiIIK(iii)Niii)", (const char *)i.pool_id, (Py_ssize_t)16,
-                         vmmt_handle_type_name(i.handle_type), i.producer_device,
-                         i.consumer_count, i.slot, i.generation, (unsigned long long)i.nbytes,
-                         (int)i.dtype.code, (int)i.dtype.bits, (int)i.dtype.lanes, shape,
-                         i.stream_ordered, i.pack_index, i.pack_count);
+                         vmmt_handle_type_name(i.handle_type), i.producer_device, i.consumer_count,
+                         i.slot, i.generation, (unsigned long long)i.nbytes, (int)i.dtype.code,
+                         (int)i.dtype.bits, (int)i.dtype.lanes, shape, i.stream_ordered,
+                         i.pack_index, i.pack_count);
 }
 
 /*
@@ -310,11 +309,10 @@ static PyObject *py_emu_live(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "allocations",
-                         vmmt__emu_live_allocations(), "reservations",
-                         vmmt__emu_live_reservations(), "mappings", vmmt__emu_live_mappings(),
-                         "streams", vmmt__emu_live_streams(), "events", vmmt__emu_live_events(),
-                         "blocks", vmmt__emu_live_blocks());
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "allocations", vmmt__emu_live_allocations(),
+                         "reservations", vmmt__emu_live_reservations(), "mappings",
+                         vmmt__emu_live_mappings(), "streams", vmmt__emu_live_streams(), "events",
+                         vmmt__emu_live_events(), "blocks", vmmt__emu_live_blocks());
 }
 #endif
 
@@ -341,8 +339,15 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "vmmt._vmmt", "The C core of the vmmt binding.", -1, methods,
-    NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    "vmmt._vmmt",
+    "The C core of the vmmt binding.",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 static int add_type(PyObject *m, PyType_Spec *spec, PyTypeObject **out, const char *name)
@@ -370,6 +375,8 @@ static int add_error(PyObject *m, const char *qual, PyObject *base, PyObject **o
     }
     return 0;
 }
+
+PyMODINIT_FUNC PyInit__vmmt(void); /* the one exported symbol */
 
 PyMODINIT_FUNC PyInit__vmmt(void)
 {

@@ -18,6 +18,7 @@
 struct keep {
     struct keep *next;
     CUevent done;
+    PyObject *owners; /* publish_raw: the arrays themselves (a tuple) */
     size_t n;
     struct vmmtpy_src src[];
 };
@@ -26,8 +27,9 @@ typedef struct {
     PyObject_HEAD vmmt_pool *pool;
     int device;
     int closed;
-    struct keep *kept;    /* oldest first */
-    CUevent spare[8];     /* events to reuse: creating one per publish costs microseconds */
+    struct keep *kept;  /* oldest first */
+    struct keep **tail; /* where the next one goes */
+    CUevent spare[8];   /* events to reuse: creating one per publish costs microseconds */
     int spare_count;
     Py_ssize_t kept_count;
 } PoolObject;
@@ -36,6 +38,7 @@ static void keep_release(struct keep *k)
 {
     for (size_t i = 0; i < k->n; i++)
         vmmtpy_src_release(&k->src[i]);
+    Py_CLEAR(k->owners);
 }
 
 /* Give back the sources whose copies are done; all of them, waiting, if `wait`. GIL held. */
@@ -68,6 +71,7 @@ static int retire(PoolObject *self, int wait)
         if (r != CUDA_SUCCESS) {
             st = vmmt__cu_fail(r, "waiting for a publish's copy to finish");
             k->n = 0;
+            k->owners = NULL;
         }
         if (k->done != NULL) {
             if (self->spare_count < (int)(sizeof self->spare / sizeof self->spare[0]))
@@ -76,6 +80,7 @@ static int retire(PoolObject *self, int wait)
                 d->cuEventDestroy(k->done);
         }
         *pp = k->next;
+        if (self->tail == &k->next) self->tail = pp;
         self->kept_count--;
         keep_release(k);
         PyMem_Free(k);
@@ -86,10 +91,11 @@ static int retire(PoolObject *self, int wait)
 
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"device",       "memory_size", "consumer_count",
-                             "max_slices",   "handle_type", "allow_posix_fallback",
-                             "round_up",     "broker_path", "timeout_ms",
-                             "recycle_interval_us", "handoff", "device_control_table", NULL};
+    static char *kwlist[] = {
+        "device",      "memory_size",          "consumer_count", "max_slices",
+        "handle_type", "allow_posix_fallback", "round_up",       "broker_path",
+        "timeout_ms",  "recycle_interval_us",  "handoff",        "device_control_table",
+        NULL};
     vmmt_pool_config c;
     const char *handle = "auto", *handoff = "auto", *broker = NULL;
     unsigned long long size = 0;
@@ -108,8 +114,8 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
     round_up = c.round_up;
     dct = c.device_control_table;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "iKi|IsppziIsp", kwlist, &c.device, &size,
-                                     &c.consumer_count, &max_slices, &handle, &fallback,
-                                     &round_up, &broker, &c.timeout_ms, &recycle, &handoff, &dct))
+                                     &c.consumer_count, &max_slices, &handle, &fallback, &round_up,
+                                     &broker, &c.timeout_ms, &recycle, &handoff, &dct))
         return -1;
     if ((st = vmmt_handle_type_parse(handle, &ht)) != VMMT_OK) {
         vmmtpy_raise(st);
@@ -142,6 +148,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->device = c.device;
+    self->tail = &self->kept;
     return 0;
 }
 
@@ -194,47 +201,24 @@ static int record_done(PoolObject *self, void *stream, CUevent *out)
 }
 
 /*
- * publish(capsules, stream, none_when_full) -> list of 512-byte descriptors.
- * One capsule is vmmt_publish, several are one packed publish. Every capsule
- * is taken (renamed "used_..."), whatever the outcome.
+ * The common part of both publishes, sources taken into k and described in
+ * bufs: publish, build the descriptors, and keep the sources until an event
+ * after the copy has completed. Frees k (or keeps it) and bufs.
  */
-static PyObject *pool_publish(PoolObject *self, PyObject *args)
+static PyObject *publish_taken(PoolObject *self, struct keep *k, vmmt_buffer *bufs, Py_ssize_t n,
+                               void *stream, int none_when_full)
 {
-    PyObject *seq, *out = NULL;
-    void *stream = NULL;
-    int none_when_full = 0, st = VMMT_OK;
-    Py_ssize_t n;
-    struct keep *k = NULL;
-    vmmt_buffer *bufs = NULL;
-    vmmt_desc *descs = NULL;
+    PyObject *out = NULL;
+    vmmt_desc *descs = PyMem_Calloc((size_t)n, sizeof *descs);
+    int st;
 
-    if (!PyArg_ParseTuple(args, "OO&|p", &seq, vmmtpy_stream_conv, &stream, &none_when_full))
-        return NULL;
-    if (check_open(self) != 0) return NULL;
-    n = PySequence_Size(seq);
-    if (n < 0) return NULL;
-    if (n == 0 || n > 64) {
-        PyErr_Format(PyExc_ValueError, "publish takes 1 to 64 tensors at once, got %zd", n);
-        return NULL;
-    }
-    if (retire(self, 0) != VMMT_OK) return vmmtpy_raise(vmmt_last_status());
-    k = PyMem_Calloc(1, sizeof *k + (size_t)n * sizeof k->src[0]);
-    bufs = PyMem_Calloc((size_t)n, sizeof *bufs);
-    descs = PyMem_Calloc((size_t)n, sizeof *descs);
-    if (k == NULL || bufs == NULL || descs == NULL) {
+    if (descs == NULL) {
         PyErr_NoMemory();
         goto out;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *cap = PySequence_GetItem(seq, i);
-        int bad = cap == NULL || vmmtpy_src_take(cap, &k->src[i]) != 0;
-        Py_XDECREF(cap);
-        if (bad) goto out;
-        k->n = (size_t)i + 1;
-        if (vmmtpy_tensor_to_buffer(k->src[i].t, &bufs[i]) != 0) goto out;
+    for (Py_ssize_t i = 0; i < n; i++)
         if (bufs[i].location == VMMT_LOC_HOST && emu_device_memory(self, bufs[i].ptr))
             bufs[i].location = VMMT_LOC_DEVICE;
-    }
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_publish_packed(self->pool, bufs, (size_t)n, stream, descs);
     Py_END_ALLOW_THREADS;
@@ -245,42 +229,32 @@ static PyObject *pool_publish(PoolObject *self, PyObject *args)
     }
     if (st != VMMT_OK) {
         /* Quarantined: the copy may still read the sources, so they stay alive. */
-        if (st == VMMT_EFAILED) {
-            PyMem_Free(k);
-            k = NULL;
-        }
+        if (st == VMMT_EFAILED) k = NULL;
         vmmtpy_raise(st);
         goto out;
     }
     out = PyList_New(n);
-    if (out == NULL) goto out;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
         PyObject *b = PyBytes_FromStringAndSize((const char *)descs[i].bytes, VMMT_DESC_SIZE);
-        if (b == NULL) {
+        if (b == NULL)
             Py_CLEAR(out);
-            break;
-        }
-        PyList_SetItem(out, i, b);
+        else
+            PyList_SetItem(out, i, b);
     }
     /* The copy is on `stream`: keep the sources until it has passed. */
     if (record_done(self, stream, &k->done) != VMMT_OK) {
-        PyObject *e = vmmtpy_raise(vmmt_last_status());
-        (void)e;
+        vmmtpy_raise(vmmt_last_status());
         Py_CLEAR(out);
         /* Without an event the only safe point is after a synchronize. */
-        vmmt__ctx_enter(self->device);
-        vmmt__drv()->cuStreamSynchronize((CUstream)stream);
-        vmmt__ctx_leave();
+        if (vmmt__ctx_enter(self->device) == VMMT_OK) {
+            vmmt__drv()->cuStreamSynchronize((CUstream)stream);
+            vmmt__ctx_leave();
+        }
         goto out;
     }
-    k->next = NULL;
-    {
-        struct keep **pp = &self->kept;
-        while (*pp != NULL)
-            pp = &(*pp)->next;
-        *pp = k;
-        self->kept_count++;
-    }
+    *self->tail = k;
+    self->tail = &k->next;
+    self->kept_count++;
     k = NULL;
 out:
     if (k != NULL) {
@@ -292,6 +266,133 @@ out:
     return out;
 }
 
+static int count_arg(PyObject *seq, Py_ssize_t *n)
+{
+    *n = PySequence_Size(seq);
+    if (*n < 0) return -1;
+    if (*n == 0 || *n > 64) {
+        PyErr_Format(PyExc_ValueError, "publish takes 1 to 64 tensors at once, got %zd", *n);
+        return -1;
+    }
+    return 0;
+}
+
+static int prepare(PoolObject *self, Py_ssize_t n, struct keep **k, vmmt_buffer **bufs)
+{
+    if (retire(self, 0) != VMMT_OK) {
+        vmmtpy_raise(vmmt_last_status());
+        return -1;
+    }
+    *k = PyMem_Calloc(1, sizeof **k + (size_t)n * sizeof(*k)->src[0]);
+    *bufs = PyMem_Calloc((size_t)n, sizeof **bufs);
+    if (*k != NULL && *bufs != NULL) return 0;
+    PyMem_Free(*k);
+    PyMem_Free(*bufs);
+    PyErr_NoMemory();
+    return -1;
+}
+
+/*
+ * publish(capsules, stream, none_when_full) -> list of 512-byte descriptors.
+ * One capsule is vmmt_publish, several are one packed publish. Every capsule
+ * is taken (renamed "used_..."), whatever the outcome.
+ */
+static PyObject *pool_publish(PoolObject *self, PyObject *args)
+{
+    PyObject *seq;
+    void *stream = NULL;
+    int none_when_full = 0;
+    Py_ssize_t n;
+    struct keep *k;
+    vmmt_buffer *bufs;
+
+    if (!PyArg_ParseTuple(args, "OO&|p", &seq, vmmtpy_stream_conv, &stream, &none_when_full))
+        return NULL;
+    if (check_open(self) != 0 || count_arg(seq, &n) != 0 || prepare(self, n, &k, &bufs) != 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *cap = PySequence_GetItem(seq, i);
+        int bad = cap == NULL || vmmtpy_src_take(cap, &k->src[i]) != 0;
+        Py_XDECREF(cap);
+        if (!bad) k->n = (size_t)i + 1;
+        if (bad || vmmtpy_tensor_to_buffer(k->src[i].t, &bufs[i]) != 0) {
+            keep_release(k);
+            PyMem_Free(k);
+            PyMem_Free(bufs);
+            return NULL;
+        }
+    }
+    return publish_taken(self, k, bufs, n, stream, none_when_full);
+}
+
+/*
+ * publish_raw(items, stream, none_when_full): the fast path for arrays whose
+ * library is known (PyTorch), without a DLPack capsule. Each item is
+ * (owner, ptr, nbytes, code, bits, lanes, shape, location); the owner is
+ * kept alive until the copy is done. The caller has checked that the array
+ * is contiguous and that its library's work is ordered before `stream`.
+ */
+static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
+{
+    PyObject *seq, *owners;
+    void *stream = NULL;
+    int none_when_full = 0;
+    Py_ssize_t n;
+    struct keep *k;
+    vmmt_buffer *bufs;
+
+    if (!PyArg_ParseTuple(args, "OO&|p", &seq, vmmtpy_stream_conv, &stream, &none_when_full))
+        return NULL;
+    if (check_open(self) != 0 || count_arg(seq, &n) != 0) return NULL;
+    if ((owners = PyTuple_New(n)) == NULL) return NULL;
+    if (prepare(self, n, &k, &bufs) != 0) {
+        Py_DECREF(owners);
+        return NULL;
+    }
+    k->owners = owners;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(seq, i), *owner, *shape;
+        unsigned long long ptr, nbytes;
+        int code, bits, lanes, loc, ok;
+        vmmt_buffer *b = &bufs[i];
+
+        ok = item != NULL && PyArg_ParseTuple(item, "OKKiiiOi", &owner, &ptr, &nbytes, &code, &bits,
+                                              &lanes, &shape, &loc);
+        if (ok) {
+            Py_INCREF(owner);
+            PyTuple_SetItem(owners, i, owner);
+            b->ndim = (int)PySequence_Size(shape);
+            if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError,
+                                 "tensor has %d dimensions; vmmt carries at most %d", b->ndim,
+                                 VMMT_MAX_DIMS);
+                ok = 0;
+            }
+        }
+        for (int d = 0; ok && d < b->ndim; d++) {
+            PyObject *v = PySequence_GetItem(shape, d);
+            b->shape[d] = v ? PyLong_AsLongLong(v) : -1;
+            Py_XDECREF(v);
+            ok = !PyErr_Occurred();
+        }
+        Py_XDECREF(item);
+        if (!ok) {
+            keep_release(k);
+            PyMem_Free(k);
+            PyMem_Free(bufs);
+            return NULL;
+        }
+        b->ptr = ptr;
+        b->nbytes = nbytes;
+        b->dtype.code = (uint8_t)code;
+        b->dtype.bits = (uint8_t)bits;
+        b->dtype.lanes = (uint16_t)lanes;
+        b->location = loc;
+    }
+    return publish_taken(self, k, bufs, n, stream, none_when_full);
+}
+
 static int desc_arg(PyObject *o, vmmt_desc *d)
 {
     char *data;
@@ -299,8 +400,7 @@ static int desc_arg(PyObject *o, vmmt_desc *d)
 
     if (PyBytes_AsStringAndSize(o, &data, &n) != 0) return -1;
     if (n != VMMT_DESC_SIZE) {
-        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE,
-                     n);
+        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE, n);
         return -1;
     }
     memcpy(d->bytes, data, VMMT_DESC_SIZE);
@@ -357,21 +457,18 @@ static PyObject *pool_stats(PoolObject *self, PyObject *unused)
     if (check_open(self) != 0) return NULL;
     st = vmmt_pool_get_stats(self->pool, &s);
     if (st != VMMT_OK) return vmmtpy_raise(st);
-    return Py_BuildValue("{s:s,s:s,s:O,s:O,s:K,s:K,s:K,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
-                         "handle_type", vmmt_handle_type_name(s.handle_type), "handoff",
-                         vmmt_handoff_name(s.handoff), "fell_back_to_posix",
-                         s.fell_back_to_posix ? Py_True : Py_False, "host_control_table",
-                         s.host_control_table ? Py_True : Py_False, "allocation_size",
-                         (unsigned long long)s.allocation_size, "table_bytes",
-                         (unsigned long long)s.table_bytes, "data_bytes",
-                         (unsigned long long)s.data_bytes, "slots", s.slots, "in_flight",
-                         s.in_flight, "in_flight_bytes", (unsigned long long)s.in_flight_bytes,
-                         "published", (unsigned long long)s.published, "recycled",
-                         (unsigned long long)s.recycled, "cancelled",
-                         (unsigned long long)s.cancelled, "full", (unsigned long long)s.full,
-                         "reclaims", (unsigned long long)s.reclaims, "broker_served",
-                         (unsigned long long)s.broker_served, "broker_refused",
-                         (unsigned long long)s.broker_refused);
+    return Py_BuildValue(
+        "{s:s,s:s,s:O,s:O,s:K,s:K,s:K,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "handle_type",
+        vmmt_handle_type_name(s.handle_type), "handoff", vmmt_handoff_name(s.handoff),
+        "fell_back_to_posix", s.fell_back_to_posix ? Py_True : Py_False, "host_control_table",
+        s.host_control_table ? Py_True : Py_False, "allocation_size",
+        (unsigned long long)s.allocation_size, "table_bytes", (unsigned long long)s.table_bytes,
+        "data_bytes", (unsigned long long)s.data_bytes, "slots", s.slots, "in_flight", s.in_flight,
+        "in_flight_bytes", (unsigned long long)s.in_flight_bytes, "published",
+        (unsigned long long)s.published, "recycled", (unsigned long long)s.recycled, "cancelled",
+        (unsigned long long)s.cancelled, "full", (unsigned long long)s.full, "reclaims",
+        (unsigned long long)s.reclaims, "broker_served", (unsigned long long)s.broker_served,
+        "broker_refused", (unsigned long long)s.broker_refused);
 }
 
 /* Sources still held for copies that may be running (tests use it). */
@@ -452,6 +549,8 @@ vmmt_pool *vmmtpy_pool_handle(PyObject *o)
 static PyMethodDef pool_methods[] = {
     {"publish", (PyCFunction)pool_publish, METH_VARARGS,
      "publish(capsules, stream, none_when_full=False) -> list of descriptor bytes"},
+    {"publish_raw", (PyCFunction)pool_publish_raw, METH_VARARGS,
+     "publish_raw(items, stream, none_when_full=False): the capsule-free fast path"},
     {"cancel", (PyCFunction)pool_cancel, METH_O, "cancel(descriptor bytes)"},
     {"reclaim", (PyCFunction)pool_reclaim, METH_NOARGS, "reclaim() -> slices freed"},
     {"drain", (PyCFunction)pool_drain, METH_VARARGS, "drain(timeout_ms=5000)"},
@@ -478,6 +577,5 @@ static PyType_Slot pool_slots[] = {
 };
 
 PyType_Spec vmmtpy_pool_spec = {
-    "vmmt._vmmt.Pool", sizeof(PoolObject), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    pool_slots,
+    "vmmt._vmmt.Pool", sizeof(PoolObject), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, pool_slots,
 };

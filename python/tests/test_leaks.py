@@ -132,3 +132,31 @@ def test_deleter_after_interpreter_shutdown(tmp_path):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert "ok 28" in out.stdout
+
+
+def test_raw_fast_path_keeps_owner_and_releases_it(no_leaks):
+    """The capsule-free path PyTorch tensors take (exercised here with NumPy)."""
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    refs = sys.getrefcount(a)
+    item = (a, a.ctypes.data, a.nbytes, 2, 32, 1, a.shape, 1)
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        for _ in range(50):
+            (raw,) = pool._pool.publish_raw([item], 0)
+            d = vmmt.Descriptor(raw)
+            assert d.shape == (2, 3, 4) and d.dtype == "float32"
+            np.testing.assert_array_equal(np.from_dlpack(consumer.consume(d)), a)
+        two = pool._pool.publish_raw([item, item], 0)
+        assert len(two) == 2 and vmmt.Descriptor(two[1]).pack_count == 2
+        for bad in ([(a, a.ctypes.data, a.nbytes, 2, 32, 1, (1,) * 9, 1)],
+                    [(a, a.ctypes.data, a.nbytes, 2, 32, 1, "xy", 1)], [("short",)], []):
+            with pytest.raises((ValueError, TypeError)):
+                pool._pool.publish_raw(bad, 0)
+        with pytest.raises(ValueError, match="shape and dtype give"):
+            pool._pool.publish_raw([(a, a.ctypes.data, 7, 2, 32, 1, a.shape, 1)], 0)
+        for r in two:
+            consumer.consume(r)
+        pool.drain(5000)
+        assert sys.getrefcount(a) == refs + 1  # `item` holds one
+    del item
+    gc.collect()
+    assert sys.getrefcount(a) == refs

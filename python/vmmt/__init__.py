@@ -151,6 +151,43 @@ def _capsule(array, stream):
         return array.__dlpack__(**kwargs)  # a library older than DLPack 1.0
 
 
+_TORCH_DL = {}  # torch.dtype -> DLPack (code, bits)
+
+
+def _torch_items(arrays, device):
+    """publish_raw items for contiguous PyTorch tensors on `device` or the CPU,
+    or None when any array is something else (then DLPack is the path)."""
+    torch = sys.modules.get("torch")
+    if torch is None or _on_emu():
+        return None
+    if not _TORCH_DL:
+        for name, dl in (("float32", (2, 32)), ("float64", (2, 64)), ("float16", (2, 16)),
+                         ("bfloat16", (4, 16)), ("int8", (0, 8)), ("int16", (0, 16)),
+                         ("int32", (0, 32)), ("int64", (0, 64)), ("uint8", (1, 8)),
+                         ("bool", (6, 8)), ("complex64", (5, 64)), ("complex128", (5, 128))):
+            if hasattr(torch, name):
+                _TORCH_DL[getattr(torch, name)] = dl
+    items = []
+    for a in arrays:
+        if type(a) is not torch.Tensor or a.layout != torch.strided or a.is_conj() or \
+                a.is_neg() or not a.is_contiguous():
+            return None
+        dl = _TORCH_DL.get(a.dtype)
+        if dl is None:
+            return None
+        if a.is_cuda:
+            if a.device.index != device:
+                return None  # its stream is another device's: let DLPack order it
+            location = 0
+        elif a.device.type == "cpu":
+            location = 1
+        else:
+            return None
+        items.append((a, a.data_ptr(), a.numel() * a.element_size(), dl[0], dl[1], 1,
+                      tuple(a.shape), location))
+    return items
+
+
 # -------------------------------------------------------------- descriptor
 
 class Descriptor(bytes):
@@ -247,7 +284,13 @@ class Pool:
     def _publish(self, arrays, stream, none_when_full):
         arrays = [_contiguous(a) for a in arrays]
         s = _resolve_stream(stream, self.device, arrays[0] if arrays else None)
-        raw = self._pool.publish([_capsule(a, s) for a in arrays], s, none_when_full)
+        # PyTorch tensors on the default stream skip DLPack: torch's __dlpack__
+        # costs several microseconds, and on its current stream orders nothing.
+        items = _torch_items(arrays, self.device) if stream is None else None
+        if items is not None:
+            raw = self._pool.publish_raw(items, s, none_when_full)
+        else:
+            raw = self._pool.publish([_capsule(a, s) for a in arrays], s, none_when_full)
         if raw is None:
             return None
         return [Descriptor._trusted(b) for b in raw]
