@@ -80,5 +80,7 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExt},
-    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+    # Build under python/build even from the root, whose build/ is CMake's.
+    options={"bdist_wheel": {"py_limited_api": "cp39"},
+             "build": {"build_base": rel(os.path.join(HERE, "build"))}},
 )

@@ -48,11 +48,17 @@ def device_count():
     return _vmmt.driver_info()[2]
 
 
+_EMU = None  # the driver cannot change once loaded: asked once
+
+
 def _on_emu():
-    try:
-        return _vmmt.driver_info()[0] == "emu"
-    except Error:
-        return False
+    global _EMU
+    if _EMU is None:
+        try:
+            _EMU = _vmmt.driver_info()[0] == "emu"
+        except Error:
+            return False
+    return _EMU
 
 
 def probe(device=None):
@@ -386,6 +392,14 @@ class Consumer:
         return self._consume_into(raw, device, out, stream, first, count)
 
     def _consume_into(self, raw, device, out, stream, first, count):
+        torch = sys.modules.get("torch")
+        if torch is not None and stream is None and type(out) is torch.Tensor and out.is_cuda \
+                and out.is_contiguous() and not _on_emu() and device in (None, out.device.index):
+            # The current stream is the tensor's own: nothing to order, no DLPack needed.
+            device = out.device.index
+            self._c.consume_into(raw, device, out.data_ptr(), out.numel() * out.element_size(),
+                                 torch.cuda.current_stream(device).cuda_stream, first, count)
+            return out
         kind, dev_id = out.__dlpack_device__()
         if device is None:
             device = dev_id if kind in _DL_CUDA_TYPES else _default_device()
