@@ -9,9 +9,44 @@
 
 #include "status.h"
 
+/*
+ * Calls release the GIL while the library works, so another thread may
+ * close the consumer meanwhile: `busy` counts calls in progress (changed
+ * only with the GIL held) and the last one out destroys a closed consumer.
+ */
 typedef struct {
     PyObject_HEAD vmmt_consumer *consumer;
+    int busy;
+    int closed;
 } ConsumerObject;
+
+static void destroy_now(ConsumerObject *self)
+{
+    vmmt_consumer *c = self->consumer;
+
+    self->consumer = NULL;
+    if (c == NULL) return;
+    Py_BEGIN_ALLOW_THREADS;
+    vmmt_consumer_destroy(c);
+    Py_END_ALLOW_THREADS;
+}
+
+/* Enter a call: the handle to use, NULL (error set) when closed. */
+static vmmt_consumer *enter(ConsumerObject *self)
+{
+    if (self->consumer == NULL || self->closed) {
+        vmmt__fail(VMMT_ECLOSED, "the consumer is closed");
+        vmmtpy_raise(VMMT_ECLOSED);
+        return NULL;
+    }
+    self->busy++;
+    return self->consumer;
+}
+
+static void leave(ConsumerObject *self)
+{
+    if (--self->busy == 0 && self->closed) destroy_now(self);
+}
 
 static int consumer_init(ConsumerObject *self, PyObject *args, PyObject *kw)
 {
@@ -44,13 +79,6 @@ static int consumer_init(ConsumerObject *self, PyObject *args, PyObject *kw)
     return 0;
 }
 
-static int check_open(ConsumerObject *self)
-{
-    if (self->consumer != NULL) return 0;
-    PyErr_SetString(vmmtpy_Error, "the consumer is closed");
-    return -1;
-}
-
 static int desc_arg(PyObject *o, vmmt_desc *d)
 {
     char *data;
@@ -69,6 +97,7 @@ static int desc_arg(PyObject *o, vmmt_desc *d)
 static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
 {
     PyObject *o, *buf;
+    vmmt_consumer *c;
     vmmt_desc d;
     vmmt_desc_info info;
     void *stream = NULL;
@@ -78,12 +107,13 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OiO&|ii", &o, &device, vmmtpy_stream_conv, &stream, &first,
                           &count))
         return NULL;
-    if (check_open(self) != 0 || desc_arg(o, &d) != 0) return NULL;
+    if (desc_arg(o, &d) != 0) return NULL;
     if (vmmt_desc_inspect(&d, &info) != VMMT_OK) return vmmtpy_raise(VMMT_EINVAL);
+    if ((c = enter(self)) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_mem_alloc(device, info.nbytes, &ptr);
     if (st == VMMT_OK) {
-        st = vmmt_consume(self->consumer, &d, device, ptr, info.nbytes, stream, first, count);
+        st = vmmt_consume(c, &d, device, ptr, info.nbytes, stream, first, count);
         /* A failed consume still acknowledged, and its copy never ran or was drained. */
         if (st != VMMT_OK) {
             struct vmmt__saved_error e;
@@ -93,6 +123,7 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
         }
     }
     Py_END_ALLOW_THREADS;
+    leave(self);
     if (st != VMMT_OK) return vmmtpy_raise(st);
     buf = vmmtpy_buffer_new(device, ptr, info.nbytes, &info, stream, vmmtpy_on_emu());
     if (buf == NULL) vmmt_mem_free(device, ptr);
@@ -102,6 +133,7 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
 /* consume_into(desc, device, dst, dst_size, stream, rank_first, rank_count) */
 static PyObject *consumer_consume_into(ConsumerObject *self, PyObject *args)
 {
+    vmmt_consumer *c;
     PyObject *o;
     vmmt_desc d;
     void *stream = NULL;
@@ -111,10 +143,11 @@ static PyObject *consumer_consume_into(ConsumerObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OiKKO&|ii", &o, &device, &dst, &size, vmmtpy_stream_conv, &stream,
                           &first, &count))
         return NULL;
-    if (check_open(self) != 0 || desc_arg(o, &d) != 0) return NULL;
+    if (desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_consume(self->consumer, &d, device, dst, size, stream, first, count);
+    st = vmmt_consume(c, &d, device, dst, size, stream, first, count);
     Py_END_ALLOW_THREADS;
+    leave(self);
     if (st != VMMT_OK) return vmmtpy_raise(st);
     Py_RETURN_NONE;
 }
@@ -122,6 +155,7 @@ static PyObject *consumer_consume_into(ConsumerObject *self, PyObject *args)
 /* ack(desc, device, stream, rank_first, rank_count) */
 static PyObject *consumer_ack(ConsumerObject *self, PyObject *args)
 {
+    vmmt_consumer *c;
     PyObject *o;
     vmmt_desc d;
     void *stream = NULL;
@@ -130,10 +164,11 @@ static PyObject *consumer_ack(ConsumerObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OiO&|ii", &o, &device, vmmtpy_stream_conv, &stream, &first,
                           &count))
         return NULL;
-    if (check_open(self) != 0 || desc_arg(o, &d) != 0) return NULL;
+    if (desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_consumer_ack(self->consumer, &d, device, stream, first, count);
+    st = vmmt_consumer_ack(c, &d, device, stream, first, count);
     Py_END_ALLOW_THREADS;
+    leave(self);
     if (st != VMMT_OK) return vmmtpy_raise(st);
     Py_RETURN_NONE;
 }
@@ -141,19 +176,21 @@ static PyObject *consumer_ack(ConsumerObject *self, PyObject *args)
 /* evict(pool_id: 16 bytes, device) */
 static PyObject *consumer_evict(ConsumerObject *self, PyObject *args)
 {
+    vmmt_consumer *c;
     const char *id;
     Py_ssize_t n;
     int device, st;
 
     if (!PyArg_ParseTuple(args, "y#i", &id, &n, &device)) return NULL;
-    if (check_open(self) != 0) return NULL;
     if (n != 16) {
         PyErr_Format(PyExc_ValueError, "a pool id is 16 bytes, got %zd", n);
         return NULL;
     }
+    if ((c = enter(self)) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_consumer_evict(self->consumer, (const uint8_t *)id, device);
+    st = vmmt_consumer_evict(c, (const uint8_t *)id, device);
     Py_END_ALLOW_THREADS;
+    leave(self);
     if (st != VMMT_OK) return vmmtpy_raise(st);
     Py_RETURN_NONE;
 }
@@ -161,19 +198,18 @@ static PyObject *consumer_evict(ConsumerObject *self, PyObject *args)
 static PyObject *consumer_pool_count(ConsumerObject *self, PyObject *unused)
 {
     (void)unused;
-    if (check_open(self) != 0) return NULL;
+    if (self->consumer == NULL || self->closed) {
+        vmmt__fail(VMMT_ECLOSED, "the consumer is closed");
+        vmmtpy_raise(VMMT_ECLOSED);
+        return NULL;
+    }
     return PyLong_FromLong(vmmt_consumer_pool_count(self->consumer));
 }
 
 static void close_consumer(ConsumerObject *self)
 {
-    vmmt_consumer *c = self->consumer;
-
-    self->consumer = NULL;
-    if (c == NULL) return;
-    Py_BEGIN_ALLOW_THREADS;
-    vmmt_consumer_destroy(c);
-    Py_END_ALLOW_THREADS;
+    self->closed = 1;
+    if (self->busy == 0) destroy_now(self);
 }
 
 static PyObject *consumer_close(ConsumerObject *self, PyObject *unused)
@@ -186,7 +222,7 @@ static PyObject *consumer_close(ConsumerObject *self, PyObject *unused)
 static PyObject *consumer_get_closed(ConsumerObject *self, void *closure)
 {
     (void)closure;
-    return PyBool_FromLong(self->consumer == NULL);
+    return PyBool_FromLong(self->consumer == NULL || self->closed);
 }
 
 static void consumer_dealloc(ConsumerObject *self)
@@ -201,7 +237,8 @@ static void consumer_dealloc(ConsumerObject *self)
 
 vmmt_consumer *vmmtpy_consumer_handle(PyObject *o)
 {
-    if (!PyObject_TypeCheck(o, vmmtpy_ConsumerType) || ((ConsumerObject *)o)->consumer == NULL) {
+    if (!PyObject_TypeCheck(o, vmmtpy_ConsumerType) || ((ConsumerObject *)o)->consumer == NULL ||
+        ((ConsumerObject *)o)->closed) {
         PyErr_SetString(PyExc_TypeError, "expected an open vmmt._vmmt.Consumer");
         return NULL;
     }

@@ -219,9 +219,12 @@ static PyObject *publish_taken(PoolObject *self, struct keep *k, vmmt_buffer *bu
     for (Py_ssize_t i = 0; i < n; i++)
         if (bufs[i].location == VMMT_LOC_HOST && emu_device_memory(self, bufs[i].ptr))
             bufs[i].location = VMMT_LOC_DEVICE;
-    Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_publish_packed(self->pool, bufs, (size_t)n, stream, descs);
-    Py_END_ALLOW_THREADS;
+    {
+        vmmt_pool *pool = self->pool; /* read with the GIL: see close_pool */
+        Py_BEGIN_ALLOW_THREADS;
+        st = vmmt_publish_packed(pool, bufs, (size_t)n, stream, descs);
+        Py_END_ALLOW_THREADS;
+    }
     if (st == VMMT_EFULL && none_when_full) {
         out = Py_None;
         Py_INCREF(out);
@@ -426,9 +429,12 @@ static PyObject *pool_reclaim(PoolObject *self, PyObject *unused)
     (void)unused;
     if (check_open(self) != 0) return NULL;
     retire(self, 0);
-    Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_pool_reclaim(self->pool, &freed);
-    Py_END_ALLOW_THREADS;
+    {
+        vmmt_pool *pool = self->pool;
+        Py_BEGIN_ALLOW_THREADS;
+        st = vmmt_pool_reclaim(pool, &freed);
+        Py_END_ALLOW_THREADS;
+    }
     if (st != VMMT_OK) return vmmtpy_raise(st);
     return PyLong_FromUnsignedLong(freed);
 }
@@ -439,9 +445,12 @@ static PyObject *pool_drain(PoolObject *self, PyObject *args)
 
     if (!PyArg_ParseTuple(args, "|i", &timeout_ms)) return NULL;
     if (check_open(self) != 0) return NULL;
-    Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_pool_drain(self->pool, timeout_ms);
-    Py_END_ALLOW_THREADS;
+    {
+        vmmt_pool *pool = self->pool;
+        Py_BEGIN_ALLOW_THREADS;
+        st = vmmt_pool_drain(pool, timeout_ms);
+        Py_END_ALLOW_THREADS;
+    }
     if (st != VMMT_OK) return vmmtpy_raise(st);
     /* Drained: every copy is done, so every source can go. */
     retire(self, 1);
@@ -488,19 +497,24 @@ static void release_events(PoolObject *self)
 }
 
 /* Shut the pool down: every copy done, sources given back, device memory freed. */
+/*
+ * Shut the pool down: every copy done, sources given back, device memory
+ * released. The handle itself is freed only in dealloc: another thread may
+ * still be inside a call that read it before close (the library answers it
+ * with VMMT_ECLOSED), and dealloc cannot run while any call holds the object.
+ */
 static int close_pool(PoolObject *self)
 {
+    vmmt_pool *pool = self->pool;
     int st = VMMT_OK;
 
-    if (self->pool == NULL || self->closed) return VMMT_OK;
+    if (pool == NULL || self->closed) return VMMT_OK;
     self->closed = 1;
     retire(self, 1);
-    Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_pool_shutdown(self->pool);
-    vmmt_pool_destroy(self->pool);
-    Py_END_ALLOW_THREADS;
-    self->pool = NULL;
     release_events(self);
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_pool_shutdown(pool);
+    Py_END_ALLOW_THREADS;
     return st;
 }
 
@@ -532,6 +546,10 @@ static void pool_dealloc(PoolObject *self)
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
 
     if (close_pool(self) != VMMT_OK) PyErr_Clear();
+    retire(self, 1); /* publishes that finished on other threads after close */
+    release_events(self);
+    vmmt_pool_destroy(self->pool);
+    self->pool = NULL;
     tp_free(self);
     Py_DECREF(tp);
 }

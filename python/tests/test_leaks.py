@@ -160,3 +160,40 @@ def test_raw_fast_path_keeps_owner_and_releases_it(no_leaks):
     del item
     gc.collect()
     assert sys.getrefcount(a) == refs
+
+
+def test_threads_share_pool_and_consumer_and_close_races(no_leaks):
+    """Calls release the GIL: threads publish and consume at once, and a close
+    from another thread in the middle ends them with vmmt.Error, not a crash."""
+    a = np.arange(256, dtype=np.int32)
+    errors = []
+
+    def worker(pool, consumer, n, expect_close):
+        try:
+            for _ in range(n):
+                x = np.from_dlpack(consumer.consume(pool.publish(a)))
+                assert x[-1] == 255
+        except vmmt.Error as e:
+            if not expect_close or e.status != -10:  # VMMT_ECLOSED
+                errors.append(repr(e))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    for expect_close in (False, True):
+        pool = vmmt.Pool(0, 8 << 20, 1, max_slices=256)
+        consumer = vmmt.Consumer()
+        threads = [threading.Thread(target=worker, args=(pool, consumer, 150, expect_close))
+                   for _ in range(4)]
+        for t in threads:
+            t.start()
+        if expect_close:
+            consumer.close()
+            pool.close()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert not errors, errors
+        pool.close()
+        consumer.close()
+        del pool, consumer
+        gc.collect()
