@@ -79,20 +79,6 @@ static int consumer_init(ConsumerObject *self, PyObject *args, PyObject *kw)
     return 0;
 }
 
-static int desc_arg(PyObject *o, vmmt_desc *d)
-{
-    char *data;
-    Py_ssize_t n;
-
-    if (PyBytes_AsStringAndSize(o, &data, &n) != 0) return -1;
-    if (n != VMMT_DESC_SIZE) {
-        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE, n);
-        return -1;
-    }
-    memcpy(d->bytes, data, VMMT_DESC_SIZE);
-    return 0;
-}
-
 /* consume(desc, device, stream, rank_first, rank_count) -> Buffer */
 static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
 {
@@ -107,7 +93,7 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OiO&|ii", &o, &device, vmmtpy_stream_conv, &stream, &first,
                           &count))
         return NULL;
-    if (desc_arg(o, &d) != 0) return NULL;
+    if (vmmtpy_desc_arg(o, &d) != 0) return NULL;
     if (vmmt_desc_inspect(&d, &info) != VMMT_OK) return vmmtpy_raise(VMMT_EINVAL);
     if ((c = enter(self)) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
@@ -143,7 +129,7 @@ static PyObject *consumer_consume_into(ConsumerObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OiKKO&|ii", &o, &device, &dst, &size, vmmtpy_stream_conv, &stream,
                           &first, &count))
         return NULL;
-    if (desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
+    if (vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_consume(c, &d, device, dst, size, stream, first, count);
     Py_END_ALLOW_THREADS;
@@ -164,7 +150,7 @@ static PyObject *consumer_ack(ConsumerObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OiO&|ii", &o, &device, vmmtpy_stream_conv, &stream, &first,
                           &count))
         return NULL;
-    if (desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
+    if (vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_consumer_ack(c, &d, device, stream, first, count);
     Py_END_ALLOW_THREADS;

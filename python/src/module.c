@@ -121,17 +121,8 @@ static PyObject *py_probe_device(PyObject *self, PyObject *arg)
 
     (void)self;
     if (dev == -1 && PyErr_Occurred()) return NULL;
-    memset(&p, 0, sizeof p);
     Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_probe_device(dev, &p);
-    if (st == VMMT_OK) {
-        vmmt_handle_type sel;
-        st = vmmt_select_handle_type(dev, &sel);
-        if (st == VMMT_OK && sel != p.selected) {
-            p.selected = sel;
-            p.overridden = 1;
-        }
-    }
+    st = vmmt__probe_report(dev, &p);
     Py_END_ALLOW_THREADS;
     if (st != VMMT_OK && st != VMMT_ENOTSUP) return vmmtpy_raise(st);
     types = PyList_New(0);
@@ -180,23 +171,30 @@ static PyObject *py_open_files(PyObject *self, PyObject *unused)
 
 /* -------------------------------------------------------- descriptor */
 
+int vmmtpy_desc_arg(PyObject *o, vmmt_desc *d)
+{
+    char *data;
+    Py_ssize_t n;
+
+    if (PyBytes_AsStringAndSize(o, &data, &n) != 0) return -1;
+    if (n != VMMT_DESC_SIZE) {
+        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE, n);
+        return -1;
+    }
+    memcpy(d->bytes, data, VMMT_DESC_SIZE);
+    return 0;
+}
+
 /* The decoded descriptor as a tuple (see vmmt/__init__.py, Descriptor). */
 static PyObject *py_desc_inspect(PyObject *self, PyObject *arg)
 {
     vmmt_desc d;
     vmmt_desc_info i;
     PyObject *shape;
-    char *data;
-    Py_ssize_t n;
     int st;
 
     (void)self;
-    if (PyBytes_AsStringAndSize(arg, &data, &n) != 0) return NULL;
-    if (n != VMMT_DESC_SIZE) {
-        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE, n);
-        return NULL;
-    }
-    memcpy(d.bytes, data, VMMT_DESC_SIZE);
+    if (vmmtpy_desc_arg(arg, &d) != 0) return NULL;
     st = vmmt_desc_inspect(&d, &i);
     if (st != VMMT_OK) {
         PyErr_SetString(PyExc_ValueError, vmmt_last_error());

@@ -396,26 +396,12 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
     return publish_taken(self, k, bufs, n, stream, none_when_full);
 }
 
-static int desc_arg(PyObject *o, vmmt_desc *d)
-{
-    char *data;
-    Py_ssize_t n;
-
-    if (PyBytes_AsStringAndSize(o, &data, &n) != 0) return -1;
-    if (n != VMMT_DESC_SIZE) {
-        PyErr_Format(PyExc_ValueError, "a vmmt descriptor is %d bytes, got %zd", VMMT_DESC_SIZE, n);
-        return -1;
-    }
-    memcpy(d->bytes, data, VMMT_DESC_SIZE);
-    return 0;
-}
-
 static PyObject *pool_cancel(PoolObject *self, PyObject *arg)
 {
     vmmt_desc d;
     int st;
 
-    if (check_open(self) != 0 || desc_arg(arg, &d) != 0) return NULL;
+    if (check_open(self) != 0 || vmmtpy_desc_arg(arg, &d) != 0) return NULL;
     st = vmmt_cancel(self->pool, &d);
     if (st != VMMT_OK) return vmmtpy_raise(st);
     Py_RETURN_NONE;

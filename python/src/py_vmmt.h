@@ -26,6 +26,9 @@ extern PyObject *vmmtpy_Error, *vmmtpy_PoolFull, *vmmtpy_Timeout;
  */
 PyObject *vmmtpy_raise(int status);
 
+/* A 512-byte descriptor from bytes; ValueError otherwise. */
+int vmmtpy_desc_arg(PyObject *o, vmmt_desc *d);
+
 /* "O&" converter: a Python int (a CUstream handle, 0 for the default stream). */
 int vmmtpy_stream_conv(PyObject *o, void *out);
 
