@@ -100,15 +100,15 @@ def per_call(be, batches, n):
             pub, con, fdl, descs = [], [], [], []
             for _ in range(n):
                 t0 = clock()
-                descs.append(pool.publish(src, stream=s))
+                descs.append(pool.publish(src))  # the current stream, s
                 pub.append(clock() - t0)
             for d in descs[: n // 2]:
                 t0 = clock()
-                consumer.consume(d, out=dst, stream=s)
+                consumer.consume(d, out=dst)
                 con.append(clock() - t0)
             for d in descs[n // 2:]:
                 t0 = clock()
-                x = be.from_dlpack(consumer.consume(d, stream=s))
+                x = be.from_dlpack(consumer.consume(d))
                 fdl.append(clock() - t0)
                 del x
             be.sync()

@@ -151,10 +151,15 @@ def _capsule(array, stream):
     kwargs = {}
     if kind in _DL_CUDA_TYPES:
         kwargs["stream"] = stream if stream else 1  # 0 is ambiguous: the legacy default stream
-    try:
-        return array.__dlpack__(max_version=(1, 0), **kwargs)
-    except TypeError:
-        return array.__dlpack__(**kwargs)  # a library older than DLPack 1.0
+    if type(array) not in _PRE_DLPACK_1:
+        try:
+            return array.__dlpack__(max_version=(1, 0), **kwargs)
+        except TypeError:  # a library older than DLPack 1.0; remembered: raising costs
+            _PRE_DLPACK_1.add(type(array))
+    return array.__dlpack__(**kwargs)
+
+
+_PRE_DLPACK_1 = set()
 
 
 _TORCH_DL = {}  # torch.dtype -> DLPack (code, bits)
