@@ -136,25 +136,28 @@ def test_consumer_on_another_stream_is_ordered():
 
 
 def test_producer_stream_and_source_kept_alive():
-    """Publishing on a busy producer stream returns at once; the source may be
-    dropped right away (the pool keeps it until its copy ran)."""
+    """Publishing on a busy stream returns at once, and the source may be
+    dropped right away: the pool keeps it until its copy ran. Without that,
+    PyTorch would hand the tensor's block to the next allocation on its own
+    (idle) stream, which overwrites it before the busy stream copies it."""
     need_gpu()
     with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            a = torch.empty(1 << 20, dtype=torch.float32, device="cuda")
-            torch.cuda._sleep(100_000_000)
-            a.fill_(7.0)
+        busy = torch.cuda.Stream()
+        for _ in range(3):
+            a = torch.full((1 << 20,), 7.0, dtype=torch.float32, device="cuda")
+            with torch.cuda.stream(busy):
+                torch.cuda._sleep(100_000_000)
             t0 = time.perf_counter()
-            d = pool.publish(a)
+            d = pool.publish(a, stream=busy)  # the copy waits behind the sleep
             took = time.perf_counter() - t0
             del a
-            junk = torch.empty(1 << 20, dtype=torch.float32, device="cuda")  # may reuse a's block
+            junk = torch.empty(1 << 20, dtype=torch.float32, device="cuda")  # a's block, if free
             junk.fill_(-1.0)
-        assert took < 0.010, "publish waited on the host (%.1f ms)" % (took * 1e3)
-        x = torch.from_dlpack(consumer.consume(d, stream=torch.cuda.Stream()))
-        torch.cuda.synchronize()
-        assert bool((x == 7.0).all())
+            assert took < 0.010, "publish waited on the host (%.1f ms)" % (took * 1e3)
+            x = torch.from_dlpack(consumer.consume(d))
+            torch.cuda.synchronize()
+            assert bool((x == 7.0).all()), "the source was overwritten before its copy"
+            del junk, x
 
 
 def test_repeated_no_leak():
