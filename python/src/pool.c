@@ -41,51 +41,75 @@ static void keep_release(struct keep *k)
     Py_CLEAR(k->owners);
 }
 
-/* Give back the sources whose copies are done; all of them, waiting, if `wait`. GIL held. */
+/* Take k out of the kept list; pp points at the link that holds it. GIL held. */
+static void unlink_keep(PoolObject *self, struct keep **pp, struct keep *k)
+{
+    *pp = k->next;
+    if (self->tail == &k->next) self->tail = pp;
+    self->kept_count--;
+}
+
+/*
+ * Give back the sources whose copies are done; with `wait`, all of them,
+ * waiting for each copy without the GIL. An entry leaves the list before
+ * the GIL is released or any deleter runs (deleters run Python code, which
+ * may publish again), so no other thread or reentrant call ever sees it.
+ * A failed event says nothing about the copy: those sources stay alive
+ * forever. GIL held.
+ */
 static int retire(PoolObject *self, int wait)
 {
     const struct vmmt_drv *d;
-    struct keep **pp = &self->kept;
+    struct keep **pp = &self->kept, *k, *done = NULL;
     int st = VMMT_OK;
 
     if (self->kept == NULL) return VMMT_OK;
     d = vmmt__drv();
     if (d == NULL || vmmt__ctx_enter(self->device) != VMMT_OK) return vmmt_last_status();
-    while (*pp != NULL) {
-        struct keep *k = *pp;
-        CUresult r = CUDA_SUCCESS;
-        if (k->done != NULL) {
-            if (wait) {
-                Py_BEGIN_ALLOW_THREADS;
-                r = d->cuEventSynchronize(k->done);
-                Py_END_ALLOW_THREADS;
-            } else {
-                r = d->cuEventQuery(k->done);
-            }
-        }
+    while ((k = *pp) != NULL) {
+        CUresult r = k->done != NULL ? d->cuEventQuery(k->done) : CUDA_SUCCESS;
         if (r == CUDA_ERROR_NOT_READY) {
             pp = &k->next;
             continue;
         }
-        /* A failed event says nothing about the copy: keep the sources forever. */
+        if (r != CUDA_SUCCESS) {
+            st = vmmt__cu_fail(r, "checking that a publish's copy finished");
+            k->n = 0;
+            k->owners = NULL;
+        }
+        unlink_keep(self, pp, k);
+        k->next = done;
+        done = k;
+    }
+    while (wait && (k = self->kept) != NULL) {
+        CUresult r = CUDA_SUCCESS;
+        unlink_keep(self, &self->kept, k);
+        if (k->done != NULL) {
+            Py_BEGIN_ALLOW_THREADS;
+            r = d->cuEventSynchronize(k->done);
+            Py_END_ALLOW_THREADS;
+        }
         if (r != CUDA_SUCCESS) {
             st = vmmt__cu_fail(r, "waiting for a publish's copy to finish");
             k->n = 0;
             k->owners = NULL;
         }
-        if (k->done != NULL) {
-            if (self->spare_count < (int)(sizeof self->spare / sizeof self->spare[0]))
-                self->spare[self->spare_count++] = k->done;
-            else
-                d->cuEventDestroy(k->done);
-        }
-        *pp = k->next;
-        if (self->tail == &k->next) self->tail = pp;
-        self->kept_count--;
+        k->next = done;
+        done = k;
+    }
+    for (k = done; k != NULL; k = k->next) {
+        if (k->done == NULL) continue;
+        if (self->spare_count < (int)(sizeof self->spare / sizeof self->spare[0]))
+            self->spare[self->spare_count++] = k->done;
+        else
+            d->cuEventDestroy(k->done);
+    }
+    vmmt__ctx_leave();
+    while ((k = done) != NULL) {
+        done = k->next;
         keep_release(k);
         PyMem_Free(k);
     }
-    vmmt__ctx_leave();
     return st;
 }
 
