@@ -198,3 +198,32 @@ def test_threads_share_pool_and_consumer_and_close_races(no_leaks):
         consumer.close()
         del pool, consumer
         gc.collect()
+
+
+class _Reentrant(np.ndarray):
+    """An array whose release (the pool's deleter call) publishes again."""
+    pool = None
+    count = 0
+
+    def __del__(self):
+        if _Reentrant.pool is not None and _Reentrant.count < 20:
+            _Reentrant.count += 1
+            _Reentrant.pool.publish(np.arange(4, dtype=np.int8))
+
+
+def test_deleter_that_publishes_again(no_leaks):
+    with vmmt.Pool(0, 4 << 20, 1, max_slices=256) as pool, vmmt.Consumer() as consumer:
+        _Reentrant.pool, _Reentrant.count = pool, 0
+        try:
+            for _ in range(10):
+                a = np.arange(64, dtype=np.int8).view(_Reentrant)
+                pool.publish(a)
+                del a  # the pool holds the last reference now
+            pool.reclaim()
+            for _ in range(3):
+                pool.publish(np.zeros(4, np.int8))  # each publish retires finished ones
+        finally:
+            _Reentrant.pool = None
+        assert _Reentrant.count > 0
+        assert pool.stats()["published"] >= 10 + _Reentrant.count
+    gc.collect()
