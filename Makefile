@@ -31,7 +31,7 @@ install: all
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 format:
-	clang-format -i include/*.h src/*.[ch] emu/*.[ch] tools/*.[ch] bench/*.[ch] tests/*/*.[ch]
+	clang-format -i include/*.h src/*.[ch] emu/*.[ch] tools/*.[ch] bench/*.[ch] tests/*/*.[ch] python/src/*.[ch]
 
 clean:
 	rm -rf $(BUILD) $(SAN_BUILD)

@@ -84,6 +84,12 @@ CUresult vmmt__emu_range_check(uintptr_t p, size_t n, int device, int need);
 /* Whether any byte of [p, p+n) is mapped from an imported allocation. Mutex held. */
 int vmmt__emu_range_imported(uintptr_t p, size_t n);
 int vmmt__emu_range_registered(uintptr_t p, size_t n);
+/*
+ * Whether p lies in emulated device memory (a cuMemAlloc block or a mapping)
+ * rather than host memory: unified addressing, as cuMemcpyAsync infers it.
+ * Mutex held.
+ */
+int vmmt__emu_is_device_memory(uintptr_t p);
 /* The memory lock, for reading, around every access to device memory. */
 void vmmt__emu_mem_read_lock(void);
 void vmmt__emu_mem_read_unlock(void);
@@ -111,6 +117,7 @@ CUresult vmmt__emu_cuMemFreeHost(void *);
 CUresult vmmt__emu_cuMemHostRegister(void *, size_t, unsigned int);
 CUresult vmmt__emu_cuMemHostUnregister(void *);
 CUresult vmmt__emu_cuMemHostGetDevicePointer(CUdeviceptr *, void *, unsigned int);
+CUresult vmmt__emu_cuPointerGetAttribute(void *, CUpointer_attribute, CUdeviceptr);
 
 /* --- emu_stream.c */
 CUresult vmmt__emu_cuMemcpyDtoDAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream);
@@ -130,6 +137,7 @@ CUresult vmmt__emu_cuEventQuery(CUevent);
 CUresult vmmt__emu_cuEventSynchronize(CUevent);
 CUresult vmmt__emu_cuEventElapsedTime(float *, CUevent, CUevent);
 CUresult vmmt__emu_cuEventDestroy(CUevent);
+CUresult vmmt__emu_cuMemcpyAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 
 /* Entry prologue: `return`s the injected or initialisation failure. */
 #define EMU_ENTER(fn, need_init)                                                                   \

@@ -975,6 +975,40 @@ CUresult vmmt__emu_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned i
     return CUDA_SUCCESS;
 }
 
+/*
+ * Only the memory type is asked for: HOST for page-locked host memory
+ * (cuMemAllocHost, cuMemHostRegister), DEVICE for device memory, and
+ * CUDA_ERROR_INVALID_VALUE for memory the driver does not know (pageable),
+ * as the driver answers.
+ */
+CUresult vmmt__emu_cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr p)
+{
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    unsigned type = 0;
+
+    EMU_ENTER(cuPointerGetAttribute, 1);
+    if (data == NULL || attribute != CU_POINTER_ATTRIBUTE_MEMORY_TYPE || p == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    vmmt__emu_lock();
+    for (struct emu_block *b = g_blocks; b != NULL && type == 0; b = b->next)
+        if (p >= b->addr && p < b->addr + b->size)
+            type = b->device < 0 ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+    if (type == 0 && map_containing(p) != NULL) type = CU_MEMORYTYPE_DEVICE;
+    vmmt__emu_unlock();
+    if (type != 0) {
+        *(unsigned *)data = type;
+        r = CUDA_SUCCESS;
+    }
+    return r;
+}
+
+int vmmt__emu_is_device_memory(uintptr_t p)
+{
+    for (struct emu_block *b = g_blocks; b != NULL; b = b->next)
+        if (p >= b->addr && p < b->addr + b->size) return b->device >= 0;
+    return map_containing(p) != NULL;
+}
+
 /* ------------------------------------------------------------ validation */
 
 static int in_block(uintptr_t p, uintptr_t end)

@@ -507,6 +507,19 @@ CUresult vmmt__emu_cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstr
     return copy((uintptr_t)dst, 0, src, 1, n, hs);
 }
 
+/* Unified addressing: each side is device or host memory by where it lies. */
+CUresult vmmt__emu_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs)
+{
+    int dst_dev, src_dev;
+
+    EMU_ENTER(cuMemcpyAsync, 1);
+    vmmt__emu_lock();
+    dst_dev = vmmt__emu_is_device_memory(dst);
+    src_dev = vmmt__emu_is_device_memory(src);
+    vmmt__emu_unlock();
+    return copy(dst, dst_dev, src, src_dev, n, hs);
+}
+
 CUresult vmmt__emu_cuMemsetD8Async(CUdeviceptr dst, unsigned char byte, size_t n, CUstream hs)
 {
     struct emu_op *op;

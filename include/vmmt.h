@@ -48,10 +48,14 @@
 extern "C" {
 #endif
 
+/* Builds that compile the library into another object (the Python
+ * extension) define VMMT_API empty to keep its symbols private. */
+#ifndef VMMT_API
 #if defined(__GNUC__)
 #define VMMT_API __attribute__((visibility("default")))
 #else
 #define VMMT_API
+#endif
 #endif
 
 #define VMMT_VERSION_MAJOR  0
@@ -357,23 +361,26 @@ static inline int vmmt_pool_create(const vmmt_pool_config *config, vmmt_pool **o
     return vmmt_pool_create_size(config, sizeof(vmmt_pool_config), out);
 }
 
+/* Where a buffer's bytes are (vmmt_buffer.location). */
+typedef enum vmmt_location {
+    VMMT_LOC_DEVICE = 0, /* device memory the pool's device can read (the default) */
+    VMMT_LOC_HOST = 1    /* host memory: pageable (malloc) or page-locked (pinned) */
+} vmmt_location;
+
 /*
  * A tensor to publish: device pointer, bytes, and optionally its DLPack dtype
  * and shape. Grows at its end only; a field added later means "as before"
  * when 0.
  */
 typedef struct vmmt_buffer {
-    uint64_t ptr; /* CUdeviceptr on the pool's device, or one it can read */
+    uint64_t ptr; /* CUdeviceptr on the pool's device, or one it can read; a host address for
+                     VMMT_LOC_HOST */
     uint64_t nbytes;
     vmmt_dtype dtype; /* bits == 0: untyped bytes */
     int ndim;
     int64_t shape[VMMT_MAX_DIMS];
-    int location; /* VMMT_LOC_DEVICE (default): ptr is a device address; VMMT_LOC_HOST: a host one
-                   */
+    int location; /* a vmmt_location; 0 (device) when zero-initialised */
 } vmmt_buffer;
-
-/* vmmt_buffer.location */
-enum { VMMT_LOC_DEVICE = 0, VMMT_LOC_HOST = 1 };
 
 /*
  * Several buffers in one slice under one control slot, each aligned to its
@@ -406,6 +413,14 @@ static inline int vmmt_publish_packed(vmmt_pool *pool, const vmmt_buffer *bufs, 
  * even after reclaiming (fall back to another path, or retry later);
  * VMMT_ETOOBIG when it could never fit; VMMT_EINVAL for a buffer no reader
  * would accept (see vmmt_publish_packed).
+ *
+ * Host sources into a device pool: from page-locked memory the copy is
+ * stream-ordered like a device source, so the caller keeps the bytes alive
+ * and unchanged until `stream` has passed the publish. From pageable memory
+ * the publish synchronizes `stream` before it returns (the driver would
+ * stage such a copy through its own pinned buffer anyway), so the caller may
+ * reuse the memory at once. The library asks the driver which one a pointer
+ * is.
  */
 static inline int vmmt_publish(vmmt_pool *pool, const vmmt_buffer *buf, void *stream,
                                vmmt_desc *out)
@@ -507,6 +522,28 @@ VMMT_API int vmmt_pool_shutdown(vmmt_pool *pool);
  * call on the pool; no other thread may use it during or after.
  */
 VMMT_API void vmmt_pool_destroy(vmmt_pool *pool);
+
+/* ---------------------------------------------------------- device memory */
+
+/*
+ * Plain device memory, for buffers to publish from or consume into when the
+ * application has no allocator of its own (the Python binding uses these).
+ * Each call makes `device`'s primary context current for its duration.
+ */
+
+/* cuMemAlloc of nbytes (> 0) on device; *ptr receives the address. */
+VMMT_API int vmmt_mem_alloc(int device, uint64_t nbytes, uint64_t *ptr);
+
+/* Free what vmmt_mem_alloc gave; ptr 0 does nothing. Work using it must be done. */
+VMMT_API int vmmt_mem_free(int device, uint64_t ptr);
+
+/*
+ * Copy nbytes from src to dst on `stream` (NULL: the default stream). Either
+ * side may be device memory or host memory (pageable or pinned): unified
+ * addressing tells them apart. Stream-ordered; synchronize `stream` before
+ * reading the result from the host.
+ */
+VMMT_API int vmmt_mem_copy(int device, uint64_t dst, uint64_t src, uint64_t nbytes, void *stream);
 
 /* -------------------------------------------------------------- consumer */
 

@@ -70,7 +70,9 @@
     X(cuEventQuery, 2000, (CUevent))                                                               \
     X(cuEventSynchronize, 2000, (CUevent))                                                         \
     X(cuEventElapsedTime, 2000, (float *, CUevent, CUevent))                                       \
-    X(cuEventDestroy, 4000, (CUevent))
+    X(cuEventDestroy, 4000, (CUevent))                                                             \
+    X(cuMemcpyAsync, 4000, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                           \
+    X(cuPointerGetAttribute, 4000, (void *, CUpointer_attribute, CUdeviceptr))
 
 struct vmmt_drv {
     const char *name; /* "cuda", or what the library's vmmt__driver_name() says ("emu") */

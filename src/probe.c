@@ -316,3 +316,19 @@ void vmmt_probe_reset(void)
     memset(g_cached, 0, sizeof g_cached);
     pthread_mutex_unlock(&g_lock);
 }
+
+int vmmt__probe_report(int device, vmmt_device_probe *out)
+{
+    vmmt_handle_type sel;
+    int st;
+
+    memset(out, 0, sizeof *out);
+    st = vmmt_probe_device(device, out);
+    if (st != VMMT_OK) return st;
+    st = vmmt_select_handle_type(device, &sel);
+    if (st == VMMT_OK && sel != out->selected) {
+        out->selected = sel;
+        out->overridden = 1;
+    }
+    return st;
+}

@@ -23,6 +23,10 @@ static int check_buffer(const vmmt_buffer *b, size_t i)
 {
     if (b->nbytes == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has nbytes=0", i);
     if (b->ptr == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has a NULL device pointer", i);
+    if (b->location != VMMT_LOC_DEVICE && b->location != VMMT_LOC_HOST)
+        return vmmt__fail(
+            VMMT_EINVAL, "buffer %zu has location=%d; use VMMT_LOC_DEVICE (0) or VMMT_LOC_HOST (1)",
+            i, b->location);
     if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS)
         return vmmt__fail(VMMT_EINVAL, "buffer %zu has ndim=%d; at most %d dimensions", i, b->ndim,
                           VMMT_MAX_DIMS);
@@ -147,6 +151,35 @@ static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
 }
 
 /*
+ * Whether every host source is page-locked, so the publish may stay
+ * stream-ordered. A pageable source makes the publish synchronize instead:
+ * the caller may reuse pageable memory as soon as the call returns, which
+ * only a finished copy allows. A "host" pointer that the driver knows as
+ * device memory is the caller's mistake, said as such. Context current.
+ */
+static int host_sources_pinned(const vmmt_buffer *bufs, size_t n, int *pinned)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+
+    *pinned = 1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned type = 0;
+        if (bufs[i].location != VMMT_LOC_HOST) continue;
+        /* Pageable memory is unknown to the driver: INVALID_VALUE, not a failure. */
+        if (d->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, bufs[i].ptr) !=
+                CUDA_SUCCESS ||
+            type != CU_MEMORYTYPE_HOST)
+            *pinned = 0;
+        if (type == CU_MEMORYTYPE_DEVICE)
+            return vmmt__fail(VMMT_EINVAL,
+                              "buffer %zu has location=VMMT_LOC_HOST but %#" PRIx64
+                              " is device memory; set location to VMMT_LOC_DEVICE",
+                              i, bufs[i].ptr);
+    }
+    return VMMT_OK;
+}
+
+/*
  * Enqueue the copies and the ready flag. When a step fails after earlier
  * copies were enqueued, the stream must drain before the slice can be
  * reused; if even that fails, the pool's state is uncertain.
@@ -170,7 +203,7 @@ int vmmt__publish_clear_acks(struct vmmt_pool *p, uint32_t slot, CUstream s)
 }
 
 static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
-                   uint32_t slot, CUstream s)
+                   uint32_t slot, CUstream s, int sync)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr slice = p->map.base + p->data_offset + p->slot[slot].slice_offset;
@@ -182,11 +215,16 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     int st = vmmt__publish_clear_acks(p, slot, s);
     if (st != VMMT_OK) return st;
     for (; enqueued < n; enqueued++) {
-        r = d->cuMemcpyDtoDAsync(slice + rel[enqueued], bufs[enqueued].ptr, bufs[enqueued].nbytes,
-                                 s);
+        const vmmt_buffer *b = &bufs[enqueued];
+        if (b->location == VMMT_LOC_HOST)
+            r = d->cuMemcpyHtoDAsync(slice + rel[enqueued], (const void *)(uintptr_t)b->ptr,
+                                     b->nbytes, s);
+        else
+            r = d->cuMemcpyDtoDAsync(slice + rel[enqueued], b->ptr, b->nbytes, s);
         if (r != CUDA_SUCCESS) {
-            vmmt__cu_fail(r, "cuMemcpyDtoDAsync(%" PRIu64 " bytes of buffer %zu into the pool)",
-                          bufs[enqueued].nbytes, enqueued);
+            vmmt__cu_fail(r, "%s(%" PRIu64 " bytes of buffer %zu into the pool)",
+                          b->location == VMMT_LOC_HOST ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoDAsync",
+                          b->nbytes, enqueued);
             break;
         }
     }
@@ -198,7 +236,7 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
                                     CU_STREAM_WRITE_VALUE_DEFAULT);
         if (r != CUDA_SUCCESS) vmmt__cu_fail(r, "cuStreamWriteValue32(ready flag)");
     }
-    if (r == CUDA_SUCCESS && p->handoff == VMMT_HANDOFF_STREAM) return VMMT_OK;
+    if (r == CUDA_SUCCESS && p->handoff == VMMT_HANDOFF_STREAM && !sync) return VMMT_OK;
     if (r != CUDA_SUCCESS && enqueued == 0) return vmmt_last_status();
     /* Synchronous hand-off, or copies queued before a failure: drain the stream. */
     vmmt__error_save(&first);
@@ -310,11 +348,13 @@ int vmmt_publish_packed_size(vmmt_pool *p, const vmmt_buffer *theirs, size_t n, 
     st = check_records(p, bufs, n, rel, total);
     if (st == VMMT_OK) st = reserve(p, total, &slot);
     if (st == VMMT_OK) {
+        int pinned = 1;
         /* A host pool copies host memory with the CPU, in no context. */
         if (p->host_mem)
             st = vmmt__host_pool_copy(p, bufs, n, rel, slot, (CUstream)stream);
         else if ((st = vmmt__ctx_enter(p->device)) == VMMT_OK) {
-            st = enqueue(p, bufs, n, rel, slot, (CUstream)stream);
+            st = host_sources_pinned(bufs, n, &pinned);
+            if (st == VMMT_OK) st = enqueue(p, bufs, n, rel, slot, (CUstream)stream, !pinned);
             vmmt__ctx_leave();
         }
         if (st == VMMT_OK) describe(p, bufs, n, rel, slot, out);
@@ -426,5 +466,5 @@ void vmmt__publish_describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t
 int vmmt__publish_enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
                           const uint64_t *rel, uint32_t slot, CUstream s)
 {
-    return enqueue(p, bufs, n, rel, slot, s);
+    return enqueue(p, bufs, n, rel, slot, s, 0); /* device sources only (host_pool.c) */
 }

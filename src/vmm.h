@@ -16,6 +16,13 @@
 /* The driver's spelling of a handle type in messages: "FABRIC", "POSIX_FD", "NONE", "AUTO". */
 const char *vmmt__handle_type_upper(vmmt_handle_type type);
 
+/*
+ * A device's probe as `vmmt probe` reports it: vmmt_probe_device, with
+ * `selected` and `overridden` reflecting VMMT_HANDLE_TYPE. The status of
+ * the probe, or of the override when it fails.
+ */
+int vmmt__probe_report(int device, vmmt_device_probe *out);
+
 void vmmt__prop_init(CUmemAllocationProp *prop, int device, vmmt_handle_type type, int rdma);
 
 /* Minimum and recommended granularity for allocations of `type` on `device`. */

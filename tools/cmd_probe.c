@@ -156,17 +156,7 @@ int cmd_probe(int argc, char **argv)
                version / 1000, version % 1000 / 10, version, count);
     for (int dev = first_dev; dev <= last_dev; dev++) {
         vmmt_device_probe p;
-        int st;
-        memset(&p, 0, sizeof p);
-        st = vmmt_probe_device(dev, &p);
-        if (st == VMMT_OK) {
-            vmmt_handle_type sel;
-            st = vmmt_select_handle_type(dev, &sel);
-            if (st == VMMT_OK && sel != p.selected) {
-                p.selected = sel;
-                p.overridden = 1;
-            }
-        }
+        int st = vmmt__probe_report(dev, &p);
         if (st == VMMT_ENOTSUP && p.candidates[2].works) {
             if (rc == CLI_OK) rc = CLI_NO_SHAREABLE;
         } else if (st != VMMT_OK) {

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""What the Python binding adds, measured in one run (BENCHMARKS.md, "Python binding").
+
+1. Per call: the same 4 KiB publishes and consumes through the C API (a C
+   loop inside the extension, vmmt._vmmt._bench_c) and through the binding
+   (vmmt.Pool.publish, vmmt.Consumer.consume with `out`, and consume +
+   from_dlpack); the binding's cost is the difference of the medians.
+   Target: at most 5 us each.
+2. End to end: publish a 4 KiB tensor, pickle the descriptor through a
+   multiprocessing pipe, consume with from_dlpack in the peer, synchronize,
+   answer; against the two-process floor of the same round trip with plain
+   copies (each process copies 4 KiB and synchronizes), interleaved in the
+   same run. Peer on the producer's GPU, and on the other GPU where there
+   are two. Target (same GPU): p50 at most 1.1x the floor's, p99 at most
+   1.5x its own p50.
+
+    python3 bench/python_bench.py [--json PATH] [--iters N] [--smoke]
+
+Runs with PyTorch on a GPU; --smoke (or no GPU) runs the same code on the
+emulated driver with NumPy to check the script, numbers meaningless.
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+NBYTES = 4096
+
+
+class Backend:
+    """Arrays, copies and synchronization: PyTorch on CUDA, or NumPy on the emulator."""
+
+    def __init__(self, kind, device=0):
+        self.kind, self.device = kind, device
+        if kind == "torch":
+            import torch
+            self.torch = torch
+            torch.cuda.set_device(device)
+        else:
+            import numpy
+            self.np = numpy
+
+    def array(self, fill):
+        if self.kind == "torch":
+            return self.torch.full((NBYTES,), fill, dtype=self.torch.uint8,
+                                   device="cuda:%d" % self.device)
+        return self.np.full(NBYTES, fill, dtype=self.np.uint8)
+
+    def ptr(self, a):
+        return a.data_ptr() if self.kind == "torch" else a.ctypes.data
+
+    def location(self):
+        return 0 if self.kind == "torch" else 1  # device memory, or host memory
+
+    def stream(self):
+        return self.torch.cuda.current_stream().cuda_stream if self.kind == "torch" else 0
+
+    def copy(self, dst, src):
+        if self.kind == "torch":
+            dst.copy_(src)
+        else:
+            self.np.copyto(dst, src)
+
+    def sync(self):
+        if self.kind == "torch":
+            self.torch.cuda.current_stream().synchronize()
+
+    def from_dlpack(self, x):
+        return self.torch.from_dlpack(x) if self.kind == "torch" else self.np.from_dlpack(x)
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def us(ns):
+    return ns / 1e3
+
+
+# ------------------------------------------------------------- per call
+
+def per_call(be, batches, n):
+    import vmmt
+    from vmmt import _vmmt
+    src, dst = be.array(1), be.array(0)
+    res = {"c_publish": [], "py_publish": [], "c_consume": [], "py_consume_out": [],
+           "py_consume_from_dlpack": []}
+    clock = time.perf_counter_ns
+    # The C loop consumes into device memory: the tensor's, or (NumPy) a block of its own.
+    c_dst = be.ptr(dst) if be.kind == "torch" else _vmmt.mem_alloc(0, NBYTES)
+    with vmmt.Pool(0, 64 << 20, 1, max_slices=4096) as pool, vmmt.Consumer() as consumer:
+        s = be.stream()
+        for b in range(batches + 1):  # the first batch warms up
+            cp, cc = _vmmt._bench_c(pool._pool, consumer._c, be.ptr(src), NBYTES, be.location(),
+                                    c_dst, 0, s, n)
+            pub, con, fdl, descs = [], [], [], []
+            for _ in range(n):
+                t0 = clock()
+                descs.append(pool.publish(src))  # the current stream, s
+                pub.append(clock() - t0)
+            for d in descs[: n // 2]:
+                t0 = clock()
+                consumer.consume(d, out=dst)
+                con.append(clock() - t0)
+            for d in descs[n // 2:]:
+                t0 = clock()
+                x = be.from_dlpack(consumer.consume(d))
+                fdl.append(clock() - t0)
+                del x
+            be.sync()
+            pool.drain(10000)
+            if b:
+                res["c_publish"] += cp
+                res["c_consume"] += cc
+                res["py_publish"] += pub
+                res["py_consume_out"] += con
+                res["py_consume_from_dlpack"] += fdl
+    if be.kind != "torch":
+        _vmmt.mem_free(0, c_dst)
+    out = {k: {"p50_us": us(pct(v, 50)), "p99_us": us(pct(v, 99)), "n": len(v)}
+           for k, v in res.items()}
+    out["added_publish_us"] = out["py_publish"]["p50_us"] - out["c_publish"]["p50_us"]
+    out["added_consume_us"] = out["py_consume_out"]["p50_us"] - out["c_consume"]["p50_us"]
+    return out
+
+
+# ----------------------------------------------------------- end to end
+
+def peer(conn, kind, device):
+    import vmmt
+    be = Backend(kind, device)
+    src, dst = be.array(2), be.array(0)
+    with vmmt.Consumer() as c:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            if isinstance(msg, vmmt.Descriptor):
+                y = be.from_dlpack(c.consume(msg, device=device))
+                be.sync()
+                del y
+            else:  # the floor: a plain copy of the same size
+                be.copy(dst, src)
+                be.sync()
+            conn.send_bytes(b"k")
+
+
+def round_trip(kind, peer_device, iters, block):
+    import vmmt
+    be = Backend(kind, 0)
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=peer, args=(there, kind, peer_device))
+    proc.start()
+    src, dst = be.array(3), be.array(0)
+    v, f = [], []
+    clock = time.perf_counter_ns
+    try:
+        with vmmt.Pool(0, 64 << 20, 1, max_slices=4096) as pool:
+            for rnd in range(iters // block + 1):  # alternate blocks; the first warms up
+                for mode in ("vmmt", "floor"):
+                    times = v if mode == "vmmt" else f
+                    for _ in range(block):
+                        t0 = clock()
+                        if mode == "vmmt":
+                            here.send(pool.publish(src))
+                        else:
+                            be.copy(dst, src)
+                            be.sync()
+                            here.send(b"f")
+                        here.recv_bytes()
+                        if rnd:
+                            times.append(clock() - t0)
+            here.send(None)
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+    row = {"peer_device": peer_device,
+           "vmmt": {"p50_us": us(pct(v, 50)), "p99_us": us(pct(v, 99)), "n": len(v)},
+           "floor": {"p50_us": us(pct(f, 50)), "p99_us": us(pct(f, 99)), "n": len(f)}}
+    row["p50_vs_floor"] = row["vmmt"]["p50_us"] / row["floor"]["p50_us"]
+    row["p99_vs_own_p50"] = row["vmmt"]["p99_us"] / row["vmmt"]["p50_us"]
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description="the Python binding's costs (BENCHMARKS.md)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--iters", type=int, default=2000, help="round trips per mode")
+    ap.add_argument("--smoke", action="store_true", help="emulated driver, NumPy, few iterations")
+    args = ap.parse_args()
+    kind = "numpy"
+    if not args.smoke:
+        try:
+            import torch
+            if torch.cuda.is_available():
+                kind = "torch"
+        except ImportError:
+            pass
+    if kind == "numpy":
+        os.environ["VMMT_DRIVER"] = "emu"
+        if not args.smoke:
+            print("python_bench: no PyTorch with CUDA; running --smoke on the emulated driver")
+        args.iters = min(args.iters, 200)
+    import vmmt
+    gpus = vmmt.device_count() if kind == "torch" else 1
+    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "backend": kind,
+              "driver": vmmt.driver_name(), "python": sys.version.split()[0], "nbytes": NBYTES}
+    if kind == "torch":
+        import torch
+        report["device"] = torch.cuda.get_device_name(0)
+        report["torch"] = torch.__version__
+    report["per_call"] = per_call(Backend(kind, 0), 5 if kind == "torch" else 2,
+                                  400 if kind == "torch" else 50)
+    report["round_trip"] = [round_trip(kind, 0, args.iters, 200 if kind == "torch" else 50)]
+    if gpus > 1:
+        report["round_trip"].append(round_trip(kind, 1, args.iters, 200))
+
+    pc = report["per_call"]
+    print("python_bench: %s, %s, %d-byte tensors" % (report["backend"], report.get("device", "emu"),
+                                                     NBYTES))
+    print("  per call, p50 us:   C API   binding   added (target <= 5)")
+    print("    publish          %7.2f  %8.2f  %6.2f" % (pc["c_publish"]["p50_us"],
+                                                       pc["py_publish"]["p50_us"],
+                                                       pc["added_publish_us"]))
+    print("    consume (out)    %7.2f  %8.2f  %6.2f" % (pc["c_consume"]["p50_us"],
+                                                       pc["py_consume_out"]["p50_us"],
+                                                       pc["added_consume_us"]))
+    print("    consume + from_dlpack     %8.2f" % pc["py_consume_from_dlpack"]["p50_us"])
+    print("  round trip through a pipe, us: vmmt p50/p99, floor p50/p99, p50 vs floor "
+          "(target <= 1.1 same GPU), p99/p50 (target <= 1.5)")
+    for r in report["round_trip"]:
+        print("    peer on GPU %d:  %8.1f %8.1f   %8.1f %8.1f   %5.2fx   %5.2f" % (
+            r["peer_device"], r["vmmt"]["p50_us"], r["vmmt"]["p99_us"], r["floor"]["p50_us"],
+            r["floor"]["p99_us"], r["p50_vs_floor"], r["p99_vs_own_p50"]))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Build of the vmmt Python package: the C extension vmmt._vmmt with the
+library's C sources compiled in, so the installed package needs nothing else
+(libcuda is still loaded at run time, never linked).
+
+setuptools is the backend because it is the one that builds C extensions
+offline with what Debian ships (python3-setuptools); no CMake or
+scikit-build is needed. Works from this directory (`pip install ./python`)
+and from the repository root (`pip install .`, through ../setup.py).
+"""
+import glob
+import os
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def rel(path):
+    """setuptools wants source paths relative to the directory it runs in."""
+    return os.path.relpath(path, os.getcwd())
+
+
+LIB_SOURCES = sorted(glob.glob(os.path.join(ROOT, "src", "*.c")))
+EXT_SOURCES = sorted(glob.glob(os.path.join(HERE, "src", "*.c")))
+# The emulated driver is moving out of src/ into emu/, built as its own
+# libvmmt_emu.so that the library dlopens for VMMT_DRIVER=emu (it looks beside
+# the object holding the library's code first, which is this extension).
+# Until then it is compiled into the extension with the rest of src/.
+EMU_SOURCES = sorted(glob.glob(os.path.join(ROOT, "emu", "*.c")))
+EMU_BUILTIN = os.path.exists(os.path.join(ROOT, "src", "emu.c"))
+
+CFLAGS = ["-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
+          "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
+# Messages are cut to fixed buffers on purpose (as in CMakeLists.txt).
+if os.environ.get("CC", "gcc").endswith("gcc") or "CC" not in os.environ:
+    CFLAGS.append("-Wno-format-truncation")
+MACROS = [("_GNU_SOURCE", None), ("VMMT_API", "")]
+if EMU_BUILTIN:
+    MACROS.append(("VMMT_PY_EMU_BUILTIN", "1"))
+INCLUDES = [rel(os.path.join(ROOT, "include")), rel(os.path.join(ROOT, "src")),
+            rel(os.path.join(HERE, "src"))]
+
+
+class BuildExt(build_ext):
+    """build_ext, plus libvmmt_emu.so beside the extension once emu/ exists."""
+
+    def run(self):
+        super().run()
+        if not EMU_SOURCES:
+            return
+        pkg_dir = os.path.join(HERE, "vmmt") if self.inplace else os.path.join(self.build_lib,
+                                                                                 "vmmt")
+        objects = self.compiler.compile(
+            [rel(p) for p in EMU_SOURCES], output_dir=self.build_temp, macros=MACROS,
+            include_dirs=[rel(os.path.join(ROOT, "emu"))] + INCLUDES,
+            extra_postargs=CFLAGS + ["-fPIC"])
+        self.compiler.link_shared_object(objects, os.path.join(pkg_dir, "libvmmt_emu.so"),
+                                         libraries=["pthread"])
+
+
+setup(
+    name="vmmt",
+    version="0.1.0",
+    description="GPU buffers between processes through CUDA VMM, for any DLPack array library",
+    packages=["vmmt"],
+    package_dir={"vmmt": rel(os.path.join(HERE, "vmmt"))},
+    package_data={"vmmt": ["*.pyi", "py.typed"]},
+    python_requires=">=3.9",
+    ext_modules=[
+        Extension(
+            "vmmt._vmmt",
+            sources=[rel(p) for p in LIB_SOURCES + EXT_SOURCES],
+            include_dirs=INCLUDES,
+            define_macros=MACROS + [("Py_LIMITED_API", "0x03090000")],
+            extra_compile_args=CFLAGS,
+            libraries=["dl", "pthread"],
+            py_limited_api=True,
+        )
+    ],
+    cmdclass={"build_ext": BuildExt},
+    # Build under python/build even from the root, whose build/ is CMake's.
+    options={"bdist_wheel": {"py_limited_api": "cp39"},
+             "build": {"build_base": rel(os.path.join(HERE, "build"))}},
+)

@@ -1,0 +1,265 @@
+/*
+ * vmmt._vmmt.Consumer: the per-process cache of imported pools. consume()
+ * allocates the destination itself and returns a Buffer (DLPack exporter);
+ * consume_into() fills memory the caller owns.
+ */
+#include <string.h>
+
+#include "py_vmmt.h"
+
+#include "status.h"
+
+/*
+ * Calls release the GIL while the library works, so another thread may
+ * close the consumer meanwhile: `busy` counts calls in progress (changed
+ * only with the GIL held) and the last one out destroys a closed consumer.
+ */
+typedef struct {
+    PyObject_HEAD vmmt_consumer *consumer;
+    int busy;
+    int closed;
+} ConsumerObject;
+
+static void destroy_now(ConsumerObject *self)
+{
+    vmmt_consumer *c = self->consumer;
+
+    self->consumer = NULL;
+    if (c == NULL) return;
+    Py_BEGIN_ALLOW_THREADS;
+    vmmt_consumer_destroy(c);
+    Py_END_ALLOW_THREADS;
+}
+
+/* Enter a call: the handle to use, NULL (error set) when closed. */
+static vmmt_consumer *enter(ConsumerObject *self)
+{
+    if (self->consumer == NULL || self->closed) {
+        vmmt__fail(VMMT_ECLOSED, "the consumer is closed");
+        vmmtpy_raise(VMMT_ECLOSED);
+        return NULL;
+    }
+    self->busy++;
+    return self->consumer;
+}
+
+static void leave(ConsumerObject *self)
+{
+    if (--self->busy == 0 && self->closed) destroy_now(self);
+}
+
+static int consumer_init(ConsumerObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout_ms", "max_pools", NULL};
+    vmmt_consumer_config c;
+    int st;
+
+    if (self->consumer != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Consumer.__init__ called twice");
+        return -1;
+    }
+    vmmt_consumer_config_init(&c);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ii", kwlist, &c.timeout_ms, &c.max_pools))
+        return -1;
+    if (c.timeout_ms <= 0) {
+        PyErr_Format(PyExc_ValueError, "timeout_ms=%d; give a positive number of milliseconds",
+                     c.timeout_ms);
+        return -1;
+    }
+    if (c.max_pools < 0) {
+        PyErr_Format(PyExc_ValueError, "max_pools=%d; use 0 (no limit) or more", c.max_pools);
+        return -1;
+    }
+    st = vmmt_consumer_create(&c, &self->consumer);
+    if (st != VMMT_OK) {
+        self->consumer = NULL;
+        vmmtpy_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
+/* consume(desc, device, stream, rank_first, rank_count) -> Buffer */
+static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
+{
+    PyObject *o, *buf;
+    vmmt_consumer *c;
+    vmmt_desc d;
+    vmmt_desc_info info;
+    void *stream = NULL;
+    int device, first = VMMT_ALL_RANKS, count = 0, st;
+    uint64_t ptr = 0;
+
+    if (!PyArg_ParseTuple(args, "OiO&|ii", &o, &device, vmmtpy_stream_conv, &stream, &first,
+                          &count))
+        return NULL;
+    if (vmmtpy_desc_arg(o, &d) != 0) return NULL;
+    if (vmmt_desc_inspect(&d, &info) != VMMT_OK) return vmmtpy_raise(VMMT_EINVAL);
+    if ((c = enter(self)) == NULL) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_mem_alloc(device, info.nbytes, &ptr);
+    if (st == VMMT_OK) {
+        st = vmmt_consume(c, &d, device, ptr, info.nbytes, stream, first, count);
+        /* A failed consume still acknowledged, and its copy never ran or was drained. */
+        if (st != VMMT_OK) {
+            struct vmmt__saved_error e;
+            vmmt__error_save(&e);
+            vmmt_mem_free(device, ptr);
+            st = vmmt__error_restore(&e);
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    leave(self);
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    buf = vmmtpy_buffer_new(device, ptr, info.nbytes, &info, stream, vmmtpy_on_emu());
+    if (buf == NULL) vmmt_mem_free(device, ptr);
+    return buf;
+}
+
+/* consume_into(desc, device, dst, dst_size, stream, rank_first, rank_count) */
+static PyObject *consumer_consume_into(ConsumerObject *self, PyObject *args)
+{
+    vmmt_consumer *c;
+    PyObject *o;
+    vmmt_desc d;
+    void *stream = NULL;
+    unsigned long long dst, size;
+    int device, first = VMMT_ALL_RANKS, count = 0, st;
+
+    if (!PyArg_ParseTuple(args, "OiKKO&|ii", &o, &device, &dst, &size, vmmtpy_stream_conv, &stream,
+                          &first, &count))
+        return NULL;
+    if (vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_consume(c, &d, device, dst, size, stream, first, count);
+    Py_END_ALLOW_THREADS;
+    leave(self);
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* ack(desc, device, stream, rank_first, rank_count) */
+static PyObject *consumer_ack(ConsumerObject *self, PyObject *args)
+{
+    vmmt_consumer *c;
+    PyObject *o;
+    vmmt_desc d;
+    void *stream = NULL;
+    int device, first = VMMT_ALL_RANKS, count = 0, st;
+
+    if (!PyArg_ParseTuple(args, "OiO&|ii", &o, &device, vmmtpy_stream_conv, &stream, &first,
+                          &count))
+        return NULL;
+    if (vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_consumer_ack(c, &d, device, stream, first, count);
+    Py_END_ALLOW_THREADS;
+    leave(self);
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* evict(pool_id: 16 bytes, device) */
+static PyObject *consumer_evict(ConsumerObject *self, PyObject *args)
+{
+    vmmt_consumer *c;
+    const char *id;
+    Py_ssize_t n;
+    int device, st;
+
+    if (!PyArg_ParseTuple(args, "y#i", &id, &n, &device)) return NULL;
+    if (n != 16) {
+        PyErr_Format(PyExc_ValueError, "a pool id is 16 bytes, got %zd", n);
+        return NULL;
+    }
+    if ((c = enter(self)) == NULL) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_consumer_evict(c, (const uint8_t *)id, device);
+    Py_END_ALLOW_THREADS;
+    leave(self);
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *consumer_pool_count(ConsumerObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->consumer == NULL || self->closed) {
+        vmmt__fail(VMMT_ECLOSED, "the consumer is closed");
+        vmmtpy_raise(VMMT_ECLOSED);
+        return NULL;
+    }
+    return PyLong_FromLong(vmmt_consumer_pool_count(self->consumer));
+}
+
+static void close_consumer(ConsumerObject *self)
+{
+    self->closed = 1;
+    if (self->busy == 0) destroy_now(self);
+}
+
+static PyObject *consumer_close(ConsumerObject *self, PyObject *unused)
+{
+    (void)unused;
+    close_consumer(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *consumer_get_closed(ConsumerObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->consumer == NULL || self->closed);
+}
+
+static void consumer_dealloc(ConsumerObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+
+    close_consumer(self);
+    tp_free(self);
+    Py_DECREF(tp);
+}
+
+vmmt_consumer *vmmtpy_consumer_handle(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, vmmtpy_ConsumerType) || ((ConsumerObject *)o)->consumer == NULL ||
+        ((ConsumerObject *)o)->closed) {
+        PyErr_SetString(PyExc_TypeError, "expected an open vmmt._vmmt.Consumer");
+        return NULL;
+    }
+    return ((ConsumerObject *)o)->consumer;
+}
+
+static PyMethodDef consumer_methods[] = {
+    {"consume", (PyCFunction)consumer_consume, METH_VARARGS,
+     "consume(desc, device, stream, rank_first=-1, rank_count=0) -> Buffer"},
+    {"consume_into", (PyCFunction)consumer_consume_into, METH_VARARGS,
+     "consume_into(desc, device, dst, dst_size, stream, rank_first=-1, rank_count=0)"},
+    {"ack", (PyCFunction)consumer_ack, METH_VARARGS,
+     "ack(desc, device, stream, rank_first=-1, rank_count=0)"},
+    {"evict", (PyCFunction)consumer_evict, METH_VARARGS, "evict(pool_id, device)"},
+    {"pool_count", (PyCFunction)consumer_pool_count, METH_NOARGS, "pools imported now"},
+    {"close", (PyCFunction)consumer_close, METH_NOARGS, "close()"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef consumer_getset[] = {
+    {"closed", (getter)consumer_get_closed, NULL, "whether close() ran", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot consumer_slots[] = {
+    {Py_tp_doc, "The C consumer; use vmmt.Consumer."},
+    {Py_tp_init, consumer_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, consumer_dealloc},
+    {Py_tp_methods, consumer_methods},
+    {Py_tp_getset, consumer_getset},
+    {0, NULL},
+};
+
+PyType_Spec vmmtpy_consumer_spec = {
+    "vmmt._vmmt.Consumer", sizeof(ConsumerObject), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    consumer_slots,
+};

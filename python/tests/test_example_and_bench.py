@@ -1,0 +1,27 @@
+"""The example and the Python bench run end to end on the emulated driver
+(their GPU runs are tests/gpu/run's): a broken script fails here first."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def run(args):
+    env = dict(os.environ, VMMT_DRIVER="emu",
+               PYTHONPATH=os.path.dirname(os.path.dirname(__import__("vmmt").__file__)))
+    return subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=300,
+                          env=env, cwd=ROOT)
+
+
+def test_feature_handoff_example():
+    out = run(["examples/feature_handoff.py", "--requests", "30"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "feature_handoff: ok, 30 requests" in out.stdout
+
+
+def test_python_bench_smoke(tmp_path):
+    path = tmp_path / "bench.json"
+    out = run(["bench/python_bench.py", "--smoke", "--iters", "100", "--json", str(path)])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "added" in out.stdout and path.exists()
