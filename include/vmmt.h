@@ -452,6 +452,14 @@ VMMT_API int vmmt_group_create_local(const vmmt_group_config *config, const char
                                      vmmt_group **out);
 
 /*
+ * The local adapter's collective alone (to wrap it, say): rank 0 waits up to
+ * timeout_ms for the others to join. Hand it to vmmt_group_create, which
+ * owns it from then on; its close callback frees it.
+ */
+VMMT_API int vmmt_group_local_collective(const char *job, int rank, int world_size, int timeout_ms,
+                                         vmmt_group_collective *out);
+
+/*
  * MPI: in libvmmt_mpi (built where CMake finds MPI; CMake target
  * vmmt::vmmt_mpi). mpi_comm points to an MPI_Comm, which the group
  * duplicates; rank and world_size come from it. MPI must be initialised and
@@ -460,10 +468,15 @@ VMMT_API int vmmt_group_create_local(const vmmt_group_config *config, const char
 VMMT_API int vmmt_group_create_mpi(const vmmt_group_config *config, const void *mpi_comm,
                                    vmmt_group **out);
 
+/* libvmmt_mpi: the MPI collective alone, on a duplicate of *mpi_comm, with its rank and size. */
+VMMT_API int vmmt_group_mpi_collective(const void *mpi_comm, vmmt_group_collective *out, int *rank,
+                                       int *world_size);
+
 /* What the group agreed on, and this rank's place in it. */
 VMMT_API vmmt_handle_type vmmt_group_handle_type(const vmmt_group *group);
 VMMT_API int vmmt_group_rank(const vmmt_group *group);
 VMMT_API int vmmt_group_world_size(const vmmt_group *group);
+VMMT_API int vmmt_group_device(const vmmt_group *group);
 
 /* One buffer to register: a device pointer of this rank's device and its size. */
 typedef struct vmmt_group_buffer {

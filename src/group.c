@@ -174,6 +174,11 @@ int vmmt_group_rank(const vmmt_group *group)
     return group != NULL ? group->rank : -1;
 }
 
+int vmmt_group_device(const vmmt_group *group)
+{
+    return group != NULL ? group->device : -1;
+}
+
 int vmmt_group_world_size(const vmmt_group *group)
 {
     return group != NULL ? group->world : 0;

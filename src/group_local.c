@@ -297,38 +297,52 @@ static int peer_open(struct local *L, const char *job, int64_t deadline)
     return VMMT_OK;
 }
 
-int vmmt_group_create_local(const vmmt_group_config *config, const char *job, vmmt_group **out)
+int vmmt_group_local_collective(const char *job, int rank, int world_size, int timeout_ms,
+                                vmmt_group_collective *out)
 {
-    vmmt_group_config c;
     struct local *L;
     int64_t deadline;
     int st;
 
-    if (out != NULL) *out = NULL;
-    if (config == NULL || out == NULL || job == NULL || job[0] == '\0')
-        return vmmt__fail(VMMT_EINVAL,
-                          "vmmt_group_create_local: config, job and out must be set (job: a "
-                          "name every rank shares)");
-    if (config->world_size < 1 || config->world_size > VMMT__GROUP_MAX_WORLD || config->rank < 0 ||
-        config->rank >= config->world_size)
-        return vmmt__fail(VMMT_EINVAL, "vmmt_group_create_local: rank=%d world_size=%d",
-                          config->rank, config->world_size);
+    if (out != NULL) memset(out, 0, sizeof *out);
+    if (out == NULL || job == NULL || job[0] == '\0')
+        return vmmt__fail(VMMT_EINVAL, "vmmt_group_local_collective: job and out must be set "
+                                       "(job: a name every rank shares)");
+    if (world_size < 1 || world_size > VMMT__GROUP_MAX_WORLD || rank < 0 || rank >= world_size)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_group_local_collective: rank=%d world_size=%d", rank,
+                          world_size);
     if ((L = calloc(1, sizeof *L)) == NULL)
-        return vmmt__fail(VMMT_ENOMEM, "vmmt_group_create_local: no memory");
-    L->rank = config->rank;
-    L->world = config->world_size;
+        return vmmt__fail(VMMT_ENOMEM, "vmmt_group_local_collective: no memory");
+    L->rank = rank;
+    L->world = world_size;
     L->fd = -1;
-    /* A collective waits while peers exchange descriptors: give it that bound and more. */
-    L->timeout_ms = (config->timeout_ms > 0 ? config->timeout_ms : DEF_TIMEOUT_MS) + 10000;
+    L->timeout_ms = timeout_ms > 0 ? timeout_ms : DEF_TIMEOUT_MS;
     deadline = now_ms() + L->timeout_ms;
-    st = L->world == 1  ? VMMT_OK
-         : L->rank == 0 ? root_open(L, job, deadline)
-                        : peer_open(L, job, deadline);
+    st = world_size == 1 ? VMMT_OK
+         : rank == 0     ? root_open(L, job, deadline)
+                         : peer_open(L, job, deadline);
     if (st != VMMT_OK) {
         local_close(L);
-        return vmmt__wrap(st, "vmmt_group_create_local(job=\"%s\", rank=%d)", job, config->rank);
+        return vmmt__wrap(st, "vmmt_group_local_collective(job=\"%s\", rank=%d)", job, rank);
     }
+    *out = (vmmt_group_collective){local_allgather, local_barrier, local_close, L};
+    return VMMT_OK;
+}
+
+int vmmt_group_create_local(const vmmt_group_config *config, const char *job, vmmt_group **out)
+{
+    vmmt_group_config c;
+    int st;
+
+    if (out != NULL) *out = NULL;
+    if (config == NULL || out == NULL)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_group_create_local: config and out must be set");
     c = *config;
-    c.collective = (vmmt_group_collective){local_allgather, local_barrier, local_close, L};
+    /* A collective waits while peers exchange descriptors: give it that bound and more. */
+    st = vmmt_group_local_collective(
+        job, config->rank, config->world_size,
+        (config->timeout_ms > 0 ? config->timeout_ms : VMMT__GROUP_DEF_TIMEOUT) + 10000,
+        &c.collective);
+    if (st != VMMT_OK) return st;
     return vmmt_group_create(&c, out);
 }

@@ -70,35 +70,43 @@ static void mpi_close(void *ctx)
     free(m);
 }
 
-VMMT_API int vmmt_group_create_mpi(const vmmt_group_config *config, const void *mpi_comm,
-                                   vmmt_group **out)
+VMMT_API int vmmt_group_mpi_collective(const void *mpi_comm, vmmt_group_collective *out, int *rank,
+                                       int *world_size)
 {
-    vmmt_group_config c;
     struct mpi_ctx *m;
     int init = 0;
 
-    if (out != NULL) *out = NULL;
-    if (config == NULL || mpi_comm == NULL || out == NULL) {
-        /* Let the library word the refusal, so vmmt_last_error() explains it. */
-        vmmt_group_config_init(&c);
-        c.world_size = 0;
-        return vmmt_group_create(&c, out);
-    }
+    if (out != NULL) memset(out, 0, sizeof *out);
+    if (mpi_comm == NULL || out == NULL || rank == NULL || world_size == NULL) return VMMT_EINVAL;
     MPI_Initialized(&init);
-    c = *config;
-    if (!init) {
-        c.world_size = 0; /* refused by vmmt_group_create with its message */
-        return vmmt_group_create(&c, out);
-    }
+    if (!init) return VMMT_ESTATE;
     if ((m = calloc(1, sizeof *m)) == NULL) return VMMT_ENOMEM;
-    MPI_Comm_set_errhandler(*(const MPI_Comm *)mpi_comm, MPI_ERRORS_RETURN);
     if (MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &m->comm) != MPI_SUCCESS) {
         free(m);
         return VMMT_ESYS;
     }
+    /* Errors come back as codes, so the group can say which collective failed. */
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(m->comm, &c.rank);
-    MPI_Comm_size(m->comm, &c.world_size);
-    c.collective = (vmmt_group_collective){mpi_allgather, mpi_barrier, mpi_close, m};
+    MPI_Comm_rank(m->comm, rank);
+    MPI_Comm_size(m->comm, world_size);
+    *out = (vmmt_group_collective){mpi_allgather, mpi_barrier, mpi_close, m};
+    return VMMT_OK;
+}
+
+VMMT_API int vmmt_group_create_mpi(const vmmt_group_config *config, const void *mpi_comm,
+                                   vmmt_group **out)
+{
+    vmmt_group_config c;
+    int st;
+
+    if (out != NULL) *out = NULL;
+    vmmt_group_config_init(&c);
+    if (config != NULL) c = *config;
+    c.world_size = 0; /* refused by vmmt_group_create, with its message, unless set below */
+    c.collective.close = NULL;
+    if (config != NULL && out != NULL &&
+        (st = vmmt_group_mpi_collective(mpi_comm, &c.collective, &c.rank, &c.world_size)) !=
+            VMMT_OK)
+        return st;
     return vmmt_group_create(&c, out);
 }

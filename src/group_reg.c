@@ -95,6 +95,24 @@ static long find_local(const vmmt_group *g, CUdeviceptr base)
     return -1;
 }
 
+/*
+ * Whether the allocation mapped at locals[id].base is still the one shared
+ * (1) or another one (0): an application may free an allocation and get a new
+ * one at the same address. The driver hands out one handle per allocation.
+ */
+static int same_allocation(vmmt_group *g, long id, size_t bi)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    CUmemGenericAllocationHandle h;
+    CUresult r = d->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)g->locals[id].base);
+
+    if (r != CUDA_SUCCESS)
+        return vmmt__cu_fail(r, "buffer %zu: cuMemRetainAllocationHandle(0x%llx)", bi,
+                             (unsigned long long)g->locals[id].base);
+    d->cuMemRelease(h);
+    return h == g->locals[id].handle;
+}
+
 /* Retain and check the allocation mapped at base, then add it to the shared table. */
 static int add_local(struct reg *R, CUdeviceptr base, uint64_t size, size_t bi)
 {
@@ -188,7 +206,11 @@ static int walk_buffer(struct reg *R, size_t bi)
             return vmmt__fail(VMMT_ETOOBIG, "buffer %zu crosses more than %u allocations", bi,
                               R->g->max_allocs);
         if (cur == b->ptr) rb->offset = cur - base;
-        if ((id = find_local(R->g, base)) >= 0 && R->g->locals[id].size != size)
+        if ((id = find_local(R->g, base)) >= 0 && (st = same_allocation(R->g, id, bi)) != 1) {
+            if (st < 0) return st;
+            id = -1; /* another allocation now lives at that address: share it anew */
+        }
+        if (id >= 0 && R->g->locals[id].size != size)
             return vmmt__fail(VMMT_ESTATE,
                               "buffer %zu: the allocation at 0x%llx is now %zu bytes, was %" PRIu64
                               " when shared; keep registered allocations mapped while the "
