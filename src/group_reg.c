@@ -609,6 +609,7 @@ static int after_r1(struct reg *R, uint64_t *ptrs, struct r1 *all)
 {
     vmmt_group *g = R->g;
     struct peer_table *t = NULL;
+    struct vmmt__saved_error local;
     uint8_t *mine = NULL;
     int st, st3;
 
@@ -629,8 +630,17 @@ static int after_r1(struct reg *R, uint64_t *ptrs, struct r1 *all)
             st = add_imports(R, r, &t[r]);
     if (st == VMMT_OK) st = exchange_and_import(R, t);
     if (st == VMMT_OK) st = map_buffers(R, t, ptrs);
+    if (st != VMMT_OK) vmmt__error_save(&local);
     st3 = round_status(R, st, "registration status", all);
-    if (st == VMMT_OK) st = st3;
+    if (st == VMMT_OK) {
+        st = st3;
+    } else if (g->broken) {
+        /* The collective failed too (a rank died, say): say both, this rank's cause first. */
+        char coll[1024];
+        snprintf(coll, sizeof coll, "%s", vmmt_last_error());
+        vmmt__error_restore(&local);
+        vmmt__wrap(st, "%s; this rank's own failure before that", coll);
+    }
 out:
     free(mine);
     free(t);
