@@ -11,7 +11,8 @@
  *   mpirun -np N group_rank_mpi mpi SCENARIO
  *
  * Scenarios: fabric, posix (read-back of buffers, one crossing 3
- * allocations), none, nodes, count, notvmm (errors on every rank), die
+ * allocations), none, nodes, count, notvmm (errors on every rank), mapfail
+ * (one rank's span mapping fails: all undo, then succeed), die
  * (the last rank exits after the allocation tables; local only), stall (the
  * last rank sleeps past the exchange bound).
  */
@@ -92,7 +93,8 @@ static void setup_driver(void)
         setenv("VMMT_GROUP_NODE", g_rank % 2 ? "node-b" : "node-a", 1);
     }
     if (strcmp(g_scenario, "die") == 0 || strcmp(g_scenario, "stall") == 0 ||
-        strcmp(g_scenario, "count") == 0 || strcmp(g_scenario, "notvmm") == 0)
+        strcmp(g_scenario, "count") == 0 || strcmp(g_scenario, "notvmm") == 0 ||
+        strcmp(g_scenario, "mapfail") == 0)
         handles = "posix_fd";
     setenv("VMMT_EMU_HANDLES", handles, 1);
     setenv("VMMT_EMU_GRANULARITY", "65536", 1);
@@ -184,7 +186,30 @@ static int run_group(vmmt_group *g)
     b[0] = (vmmt_group_buffer){p, 65536};
     b[1] = (vmmt_group_buffer){p + 65536, 65536};
     t0 = now_ms();
-    if (strcmp(g_scenario, "count") == 0) {
+    if (strcmp(g_scenario, "mapfail") == 0) {
+        size_t nb = 1, na = 1;
+        /* The last rank's first span mapping fails: every rank must undo everything. */
+        if (g_rank == g_world - 1) {
+            setenv("VMMT_EMU_FAIL", "cuMemMap:1:CUDA_ERROR_OUT_OF_MEMORY", 1);
+            vmmt__emu_configure();
+        }
+        st = vmmt_group_register(g, b, 2, ptrs);
+        rc = expect_error(st, "register", "cuMemMap");
+        vmmt_group_get_counts(g, &nb, &na);
+        if (rc == 0 && (nb != 0 || na != 0)) {
+            printf("rank %d: after the failure %zu buffers, %zu peer allocations remain\n", g_rank,
+                   nb, na);
+            rc = 1;
+        }
+        /* The failure was one call: the group is usable, and the next try succeeds. */
+        if (rc == 0 && (st = vmmt_group_register(g, b, 2, ptrs)) != VMMT_OK) {
+            printf("rank %d: register after the failure: %s\n", g_rank, vmmt_last_error());
+            rc = 1;
+        }
+        for (int k = 0; rc == 0 && k < 2 * g_world; k++)
+            if (ptrs[k] == 0) rc = 1;
+        if (rc == 0) printf("rank %d: registered after the undone failure\n", g_rank);
+    } else if (strcmp(g_scenario, "count") == 0) {
         st = vmmt_group_register(g, b, g_rank == 1 ? 2 : 1, ptrs);
         rc = expect_error(st, "register", "registers");
     } else {

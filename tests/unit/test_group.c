@@ -330,6 +330,7 @@ JOB_TEST(none)
 JOB_TEST(nodes)
 JOB_TEST(count)
 JOB_TEST(notvmm)
+JOB_TEST(mapfail)
 JOB_TEST(die)
 JOB_TEST(stall)
 
@@ -382,6 +383,7 @@ int main(void)
         cmocka_unit_test(test_job_nodes),
         cmocka_unit_test(test_job_count),
         cmocka_unit_test(test_job_notvmm),
+        cmocka_unit_test(test_job_mapfail),
         cmocka_unit_test(test_job_die),
         cmocka_unit_test(test_job_stall),
         cmocka_unit_test(test_cli_group_test),
