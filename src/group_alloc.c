@@ -30,7 +30,6 @@ static int own_setup(const struct vmmt_drv *d, vmmt_group *g, struct vmmt__group
                      uint64_t chunk)
 {
     CUmemAllocationProp prop;
-    CUmemAccessDesc acc;
     CUresult r;
 
     vmmt__prop_init(&prop, g->device, g->type, 0);
@@ -51,13 +50,7 @@ static int own_setup(const struct vmmt_drv *d, vmmt_group *g, struct vmmt__group
         r = d->cuMemMap(o->base + (uint64_t)o->mapped * chunk, chunk, 0, o->handles[o->mapped], 0);
         if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "cuMemMap of chunk %d", o->mapped);
     }
-    memset(&acc, 0, sizeof acc);
-    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    acc.location.id = g->device;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = d->cuMemSetAccess(o->base, o->size, &acc, 1);
-    if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "cuMemSetAccess(device=%d)", g->device);
-    return VMMT_OK;
+    return vmmt__grant_rw(o->base, o->size, g->device);
 }
 
 int vmmt_group_alloc(vmmt_group *g, uint64_t nbytes, int chunks, uint64_t *ptr)

@@ -461,7 +461,13 @@ static int exchange_and_import(struct reg *R, const struct peer_table *t)
         total += t[r].h.n_new;
         np++;
     }
-    if ((st = vmmt__gx_run(&R->gx, g->rank, g->seq, peers, np, g->timeout_ms)) != VMMT_OK) goto out;
+    st = vmmt__gx_run(&R->gx, g->rank, g->seq, peers, np, g->timeout_ms);
+    /*
+     * Stop listening at once: a late peer (one that stalled) is then refused at
+     * once instead of sending into a backlog nobody reads and waiting its bound.
+     */
+    vmmt__gx_close(&R->gx);
+    if (st != VMMT_OK) goto out;
     /* Each descriptor is closed as soon as it is imported (or not): the handle holds the memory. */
     for (int i = 0; i < np; i++)
         for (int k = 0; k < peers[i].recv_count; k++) {
@@ -491,9 +497,9 @@ static long find_span(const vmmt_group *g, int r, const uint32_t *ids, uint32_t 
 static int map_span(vmmt_group *g, struct vmmt__group_span *s)
 {
     const struct vmmt_drv *d = vmmt__drv();
-    CUmemAccessDesc acc;
     uint64_t off = 0;
     CUresult r;
+    int st;
 
     s->size = 0;
     for (uint32_t k = 0; k < s->count; k++)
@@ -511,14 +517,8 @@ static int map_span(vmmt_group *g, struct vmmt__group_span *s)
                                  s->rank, s->ids[s->mapped], im->size);
         off += im->size;
     }
-    memset(&acc, 0, sizeof acc);
-    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    acc.location.id = g->device;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = d->cuMemSetAccess(s->base, s->size, &acc, 1);
-    if (r != CUDA_SUCCESS)
-        return vmmt__cu_fail(r, "cuMemSetAccess(device=%d) on rank %d's buffer", g->device,
-                             s->rank);
+    if ((st = vmmt__grant_rw(s->base, s->size, g->device)) != VMMT_OK)
+        return vmmt__wrap(st, "rank %d's buffer", s->rank);
     return VMMT_OK;
 }
 

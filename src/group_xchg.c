@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "group_internal.h"
+#include "scm.h"
 #include "status.h"
 
 #define POLL_SLICE_MS 50
@@ -190,15 +191,8 @@ static int send_batch(struct run *R, int i)
     struct vmmt__gx_peer *p = &R->peers[i];
     struct out_state *o = &R->out[i];
     struct vmmt__gx_head h;
-    union {
-        struct cmsghdr c;
-        char space[CMSG_SPACE(sizeof(int) * VMMT__GX_BATCH_MAX)];
-    } ctl;
     uint32_t first = o->batch * VMMT__GX_BATCH_MAX;
     uint32_t n = (uint32_t)p->send_count - first;
-    struct iovec iov = {&h, sizeof h};
-    struct msghdr mh;
-    struct cmsghdr *c;
 
     if (n > VMMT__GX_BATCH_MAX) n = VMMT__GX_BATCH_MAX;
     memset(&h, 0, sizeof h);
@@ -210,18 +204,7 @@ static int send_batch(struct run *R, int i)
     h.batch = o->batch;
     h.nfds = n;
     h.total = (uint32_t)p->send_count;
-    memset(&mh, 0, sizeof mh);
-    memset(&ctl, 0, sizeof ctl);
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = ctl.space;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-    c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-    memcpy(CMSG_DATA(c), p->send_fds + first, sizeof(int) * n);
-    if (sendmsg(o->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+    if (vmmt__scm_send(o->fd, &h, sizeof h, p->send_fds + first, (int)n, MSG_DONTWAIT) < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
         return vmmt__sys_fail("group exchange: sending batch %u of %u (%u descriptors) to rank %d",
                               o->batch + 1, o->nbatch, n, p->rank);

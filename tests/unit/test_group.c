@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "group_internal.h"
+#include "scm.h"
 #include "status.h"
 #include "testutil.h"
 
@@ -113,28 +114,11 @@ enum peer_act {
 static void send_batch(int s, uint32_t batch, int nfds, uint32_t nfds_said, uint32_t total)
 {
     struct vmmt__gx_head h = {VMMT__GX_MAGIC, VMMT__GX_VERSION, 7, 1, 0, batch, nfds_said, total};
-    union {
-        struct cmsghdr c;
-        char space[CMSG_SPACE(sizeof(int) * 8)];
-    } ctl;
-    struct iovec iov = {&h, sizeof h};
-    struct msghdr mh;
     int fds[8];
 
     for (int k = 0; k < nfds; k++)
         fds[k] = open("/dev/null", O_RDONLY);
-    memset(&mh, 0, sizeof mh);
-    memset(&ctl, 0, sizeof ctl);
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = ctl.space;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-    sendmsg(s, &mh, MSG_NOSIGNAL);
+    vmmt__scm_send(s, &h, sizeof h, fds, nfds, 0);
     for (int k = 0; k < nfds; k++)
         close(fds[k]);
 }
