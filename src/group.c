@@ -99,6 +99,13 @@ static void fill_hello(const vmmt_group_config *c, struct vmmt__group_hello *h)
     h->uid = (uint32_t)geteuid();
     h->device = c->device;
     h->requested = c->handle_type;
+    /* As for pools: VMMT_HANDLE_TYPE decides where the config leaves it to the library. */
+    if (c->handle_type == VMMT_HANDLE_AUTO && getenv("VMMT_HANDLE_TYPE") != NULL) {
+        vmmt_handle_type t;
+        if (vmmt_handle_type_parse(getenv("VMMT_HANDLE_TYPE"), &t) == VMMT_OK &&
+            (t == VMMT_HANDLE_FABRIC || t == VMMT_HANDLE_POSIX_FD))
+            h->requested = t;
+    }
     vmmt__group_node_name(h->node, sizeof h->node);
     memset(&p, 0, sizeof p);
     st = vmmt_probe_device(c->device, &p);

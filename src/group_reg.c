@@ -80,10 +80,16 @@ struct reg {
     size_t r2_size;
 };
 
+/*
+ * Rounded up to 8 bytes: rank r's table starts at r times the largest, and
+ * its 64-bit fields must stay aligned (an odd chain length broke that).
+ */
 static size_t r2_bytes(size_t n_new, size_t nbuf, size_t nchain)
 {
-    return sizeof(struct r2_head) + n_new * sizeof(struct r2_alloc) + nbuf * sizeof(struct r2_buf) +
-           nchain * sizeof(uint32_t);
+    size_t n = sizeof(struct r2_head) + n_new * sizeof(struct r2_alloc) +
+               nbuf * sizeof(struct r2_buf) + nchain * sizeof(uint32_t);
+
+    return (n + 7) & ~(size_t)7;
 }
 
 /* ---------------------------------------------------------------- prepare */
