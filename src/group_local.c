@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -277,8 +278,11 @@ static int peer_open(struct local *L, const char *job, int64_t deadline)
     name_of(job, &sun, &len);
     /* Rank 0 may start later: retry a refused connection until the deadline. */
     for (;;) {
+        struct timeval tv = {1, 0};
         L->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (L->fd < 0) return vmmt__sys_fail("local collective: socket");
+        /* A full backlog would block connect; this bounds each attempt. */
+        setsockopt(L->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
         if (connect(L->fd, (struct sockaddr *)&sun, len) == 0) break;
         close(L->fd);
         L->fd = -1;
