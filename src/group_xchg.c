@@ -210,8 +210,12 @@ static int send_batch(struct run *R, int i)
                               o->batch + 1, o->nbatch, n, p->rank);
     }
     if (++o->batch == o->nbatch) {
+        /*
+         * The peer sees the end; the socket stays open so that its close tells
+         * us when the peer's own exchange ended (or it died).
+         */
         o->done = 1;
-        close_fd(&o->fd); /* queued messages and their descriptors still reach the peer */
+        shutdown(o->fd, SHUT_WR);
     }
     return 1;
 }
@@ -224,17 +228,19 @@ static int find_peer_by_cred(const struct run *R, const struct ucred *c)
 }
 
 /* A new connection: whose is it? Unknown peers are refused without failing the exchange. */
-static int accept_one(struct run *R)
+static int accept_one(struct run *R, int *accepted)
 {
     struct ucred c;
     int fd, i;
 
+    *accepted = 0;
     fd = accept4(R->x->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
             return VMMT_OK;
         return vmmt__sys_fail("group exchange: accept");
     }
+    *accepted = 1;
     if (peer_cred(fd, &c) != 0 || (i = find_peer_by_cred(R, &c)) < 0) {
         vmmt__log(VMMT_LOG_WARN,
                   "group exchange: refused a connection from pid %d uid %u, which is no rank "
@@ -344,7 +350,7 @@ static int receive(struct run *R, int i)
                 memcpy(&fds[nfds++], CMSG_DATA(c) + j * sizeof(int), sizeof(int));
         }
         if (n == 0 && nfds == 0) {
-            close_fd(&in->fd);
+            /* Kept open until the end: its close would tell the sender we are done. */
             in->eof = 1;
             if (in->got < p->recv_count)
                 return vmmt__fail(VMMT_EPROTO,
@@ -370,6 +376,26 @@ static int receive(struct run *R, int i)
         in->batch++;
     }
     return VMMT_OK;
+}
+
+/*
+ * Peer i closed the connection we sent on: its exchange ended (or it died).
+ * Everything it sent us before is queued by now; take that, then judge.
+ */
+static int peer_left(struct run *R, int i)
+{
+    struct vmmt__gx_peer *p = &R->peers[i];
+    int st, accepted = 1;
+
+    close_fd(&R->out[i].fd);
+    for (int k = 0; accepted && k <= R->npeers + 8; k++)
+        if ((st = accept_one(R, &accepted)) != VMMT_OK) return st;
+    if (R->in[i].fd >= 0 && !R->in[i].eof && (st = receive(R, i)) != VMMT_OK) return st;
+    if (R->in[i].eof) return VMMT_OK;
+    return vmmt__fail(VMMT_EPROTO,
+                      "group exchange: missing descriptors: rank %d left the exchange (it died or "
+                      "failed) after sending %d of %d",
+                      p->rank, R->in[i].got, p->recv_count);
 }
 
 static int all_done(const struct run *R)
@@ -413,10 +439,12 @@ static int step(struct run *R, struct pollfd *pfd, int *owner)
             while (R->out[i].connected && !R->out[i].done && (st = send_batch(R, i)) == 1)
                 ;
             if (st < 0) return st;
-            if (R->out[i].fd >= 0)
-                pfd[n] = (struct pollfd){R->out[i].fd, POLLOUT, 0}, owner[n++] = i;
         }
-        if (R->in[i].fd >= 0)
+        if (R->out[i].fd >= 0 && !R->out[i].done)
+            pfd[n] = (struct pollfd){R->out[i].fd, POLLOUT, 0}, owner[n++] = i;
+        else if (R->out[i].fd >= 0 && R->peers[i].recv_count > 0 && !R->in[i].eof)
+            pfd[n] = (struct pollfd){R->out[i].fd, POLLRDHUP, 0}, owner[n++] = 2 * R->npeers + i;
+        if (R->in[i].fd >= 0 && !R->in[i].eof)
             pfd[n] = (struct pollfd){R->in[i].fd, POLLIN, 0}, owner[n++] = R->npeers + i;
     }
     pfd[n] = (struct pollfd){R->x->listen_fd, POLLIN, 0}, owner[n++] = -1;
@@ -427,8 +455,11 @@ static int step(struct run *R, struct pollfd *pfd, int *owner)
         return vmmt__sys_fail("group exchange: poll");
     for (int k = 0; k < n; k++) {
         if (pfd[k].revents == 0) continue;
+        int accepted;
         if (owner[k] == -1)
-            st = accept_one(R);
+            st = accept_one(R, &accepted);
+        else if (owner[k] >= 2 * R->npeers)
+            st = peer_left(R, owner[k] - 2 * R->npeers);
         else if (owner[k] >= R->npeers)
             st = receive(R, owner[k] - R->npeers);
         else
