@@ -10,7 +10,7 @@
  *   group_rank local SCENARIO RANK WORLD JOB
  *   mpirun -np N group_rank_mpi mpi SCENARIO
  *
- * Scenarios: fabric, posix (read-back of buffers, one crossing 3
+ * Scenarios: fabric, posix, posixdir (sockets in /tmp) (read-back of buffers, one crossing 3
  * allocations), none, nodes, count, notvmm (errors on every rank), mapfail
  * (one rank's span mapping fails: all undo, then succeed), die
  * (the last rank exits after the allocation tables; local only), stall (the
@@ -86,7 +86,7 @@ static void setup_driver(void)
     const char *handles = "posix_fd,fabric";
     const char *driver = getenv("VMMT_TEST_DRIVER");
 
-    if (strcmp(g_scenario, "posix") == 0 && g_rank == 1) handles = "posix_fd";
+    if (strncmp(g_scenario, "posix", 5) == 0 && g_rank == 1) handles = "posix_fd";
     if (strcmp(g_scenario, "none") == 0 && g_rank == g_world - 1) handles = "none";
     if (strcmp(g_scenario, "nodes") == 0) {
         handles = "posix_fd";
@@ -142,7 +142,8 @@ static int run_group(vmmt_group *g)
     double t0;
     int st, rc;
 
-    if (strcmp(g_scenario, "fabric") == 0 || strcmp(g_scenario, "posix") == 0) {
+    if (strcmp(g_scenario, "fabric") == 0 || strcmp(g_scenario, "posix") == 0 ||
+        strcmp(g_scenario, "posixdir") == 0) {
         vmmt_handle_type want =
             strcmp(g_scenario, "fabric") == 0 ? VMMT_HANDLE_FABRIC : VMMT_HANDLE_POSIX_FD;
         if (vmmt_group_handle_type(g) != want) {
@@ -250,6 +251,8 @@ static int run(const char *adapter, const char *job, void *comm)
     c.rank = g_rank;
     c.world_size = g_world;
     c.timeout_ms = EXCHANGE_MS;
+    /* posixdir: filesystem sockets, for ranks in containers without a shared network namespace. */
+    if (strcmp(g_scenario, "posixdir") == 0) c.socket_dir = "/tmp";
     if (strcmp(adapter, "local") == 0) {
         st = vmmt_group_local_collective(job, g_rank, g_world, 10000, &c.collective);
     } else {

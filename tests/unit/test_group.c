@@ -310,6 +310,7 @@ static void run_job(const char *scenario, int world)
     }
 JOB_TEST(fabric)
 JOB_TEST(posix)
+JOB_TEST(posixdir)
 JOB_TEST(none)
 JOB_TEST(nodes)
 JOB_TEST(count)
@@ -365,6 +366,7 @@ int main(void)
         cmocka_unit_test(test_exchange_path_socket),
         cmocka_unit_test(test_job_fabric),
         cmocka_unit_test(test_job_posix),
+        cmocka_unit_test(test_job_posixdir),
         cmocka_unit_test(test_job_none),
         cmocka_unit_test(test_job_nodes),
         cmocka_unit_test(test_job_count),
