@@ -52,7 +52,8 @@ int vmmt__group_allgather(vmmt_group *g, const void *send, void *recv, size_t by
     if (rc == 0) return VMMT_OK;
     g->broken = 1;
     err[sizeof err - 1] = '\0';
-    return vmmt__fail(rc < 0 && rc >= VMMT_ETOOBIG ? rc : VMMT_ESYS,
+    /* Adapters return -1 (== VMMT_EINVAL) or their own codes: neither says what broke. */
+    return vmmt__fail(VMMT_ESYS,
                       "group: the collective's all-gather of %zu bytes (%s) failed on rank %d: "
                       "%s",
                       bytes, what, g->rank, err[0] ? err : "no reason given");
