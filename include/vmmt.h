@@ -407,7 +407,8 @@ typedef struct vmmt_group vmmt_group;
  * rank. barrier may be NULL. Both return 0 on success, anything else on
  * failure, with a reason written to err (err_cap bytes, NUL-terminated). They
  * must not wait forever: a collective whose peer died must fail. close, if
- * set, is called once by vmmt_group_destroy (a group that owns its adapter).
+ * set, is called once: by vmmt_group_destroy, or by vmmt_group_create when
+ * it fails (the group owns the adapter from the call on).
  */
 typedef struct vmmt_group_collective {
     int (*allgather)(void *ctx, const void *send, void *recv, size_t bytes, char *err,
