@@ -1,8 +1,9 @@
 /*
  * Internals of the group exchange (docs/group.md): the group object shared
- * by group.c (create, vote, destroy), group_reg.c (registration) and
- * group_alloc.c (the allocation helper), the vote (group_vote.c) and the
- * descriptor exchange over AF_UNIX sockets (group_xchg.c).
+ * by group.c (create, vote, destroy), group_reg.c, group_prepare.c and
+ * group_map.c (registration, group_reg.h) and group_alloc.c (the allocation
+ * helper), the vote (group_vote.c) and the descriptor exchange over AF_UNIX
+ * sockets (group_xchg.c).
  */
 #ifndef VMMT_GROUP_INTERNAL_H
 #define VMMT_GROUP_INTERNAL_H
