@@ -110,6 +110,10 @@ CUresult vmmt__emu_cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationH
                             unsigned long long);
 CUresult vmmt__emu_cuMemUnmap(CUdeviceptr, size_t);
 CUresult vmmt__emu_cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+CUresult vmmt__emu_cuMemGetAddressRange(CUdeviceptr *, size_t *, CUdeviceptr);
+CUresult vmmt__emu_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
+CUresult vmmt__emu_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *,
+                                                          CUmemGenericAllocationHandle);
 CUresult vmmt__emu_cuMemAlloc(CUdeviceptr *, size_t);
 CUresult vmmt__emu_cuMemFree(CUdeviceptr);
 CUresult vmmt__emu_cuMemAllocHost(void **, size_t);

@@ -60,6 +60,7 @@ struct emu_alloc {
     int imported; /* from cuMemImportFromShareableHandle: not counted as ours */
     int host;  /* host-NUMA memory: no device's memory is charged, the CPU may be granted access */
     int holds; /* the handle, plus one per mapping */
+    int retains; /* cuMemRetainAllocationHandle calls not yet released */
     dev_t st_dev;
     ino_t st_ino;
 };
@@ -374,7 +375,10 @@ CUresult vmmt__emu_cuMemRelease(CUmemGenericAllocationHandle handle)
     a = find_handle(handle);
     if (a != NULL) {
         /* Mappings keep the memory: releasing a mapped handle is legal. */
-        a->handle = 0;
+        if (a->retains > 0)
+            a->retains--; /* the handle stays valid for its other owners */
+        else
+            a->handle = 0;
         drop_hold(a);
     }
     vmmt__emu_unlock();
@@ -1050,4 +1054,82 @@ int vmmt__emu_range_imported(uintptr_t p, size_t n)
     for (struct emu_map *m = g_maps; m != NULL; m = m->next)
         if (m->alloc->imported && m->addr < p + n && p < m->addr + m->size) return 1;
     return 0;
+}
+
+/* ------------------------------------------ address ranges, retained handles */
+
+/*
+ * As the driver: the range of the one mapping (cuMemMap call) or cuMemAlloc
+ * block that holds dptr. Mappings placed side by side in one reservation are
+ * separate ranges, which is how a caller finds every allocation a buffer
+ * crosses.
+ */
+CUresult vmmt__emu_cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    struct emu_map *m;
+
+    EMU_ENTER(cuMemGetAddressRange, 1);
+    vmmt__emu_lock();
+    if ((m = map_containing(dptr)) != NULL) {
+        if (pbase != NULL) *pbase = m->addr;
+        if (psize != NULL) *psize = m->size;
+        r = CUDA_SUCCESS;
+    }
+    for (struct emu_block *b = g_blocks; r != CUDA_SUCCESS && b != NULL; b = b->next)
+        if (b->device >= 0 && dptr >= b->addr && dptr - b->addr < b->size) {
+            if (pbase != NULL) *pbase = b->addr;
+            if (psize != NULL) *psize = b->size;
+            r = CUDA_SUCCESS;
+        }
+    vmmt__emu_unlock();
+    return r;
+}
+
+/*
+ * A new reference to the allocation mapped at addr, released with
+ * cuMemRelease. The driver hands back the allocation's handle; once the
+ * creator released its own, the emulator issues a fresh value.
+ */
+CUresult vmmt__emu_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    struct emu_map *m;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+
+    EMU_ENTER(cuMemRetainAllocationHandle, 1);
+    if (handle == NULL) return CUDA_ERROR_INVALID_VALUE;
+    vmmt__emu_lock();
+    if ((m = map_containing((uintptr_t)addr)) != NULL) {
+        struct emu_alloc *a = m->alloc;
+        if (a->handle == 0)
+            a->handle = HANDLE_TAG | ++g_handle_seq;
+        else
+            a->retains++;
+        a->holds++;
+        *handle = a->handle;
+        r = CUDA_SUCCESS;
+    }
+    vmmt__emu_unlock();
+    return r;
+}
+
+CUresult vmmt__emu_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                          CUmemGenericAllocationHandle handle)
+{
+    struct emu_alloc *a;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+
+    EMU_ENTER(cuMemGetAllocationPropertiesFromHandle, 1);
+    if (prop == NULL) return CUDA_ERROR_INVALID_VALUE;
+    vmmt__emu_lock();
+    if ((a = find_handle(handle)) != NULL) {
+        memset(prop, 0, sizeof *prop);
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->requestedHandleTypes = (CUmemAllocationHandleType)a->types;
+        prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = a->device;
+        r = CUDA_SUCCESS;
+    }
+    vmmt__emu_unlock();
+    return r;
 }

@@ -645,6 +645,140 @@ VMMT_API int vmmt_consumer_pool_count(vmmt_consumer *consumer);
  */
 VMMT_API void vmmt_consumer_destroy(vmmt_consumer *consumer);
 
+/* ---------------------------------------------------------- group exchange */
+
+/*
+ * The ranks of a job (tensor-parallel workers, say) map each other's device
+ * allocations: every rank registers the same list of buffers, and gets for
+ * each buffer a pointer per rank that this rank's device can read and write.
+ * The exchange runs on the job's own collective (MPI, torch.distributed, or
+ * the local adapter below), given as callbacks. docs/group.md has the
+ * protocol and what happens on every failure.
+ *
+ * Every group call except the vmmt_group_get_* accessors is collective: all
+ * ranks make it, in the same order. A group is not thread-safe.
+ */
+typedef struct vmmt_group vmmt_group;
+
+/*
+ * The job's collective. allgather copies `bytes` from every rank's `send`
+ * into `recv` (world_size * bytes, rank r's block at r * bytes), on every
+ * rank. barrier may be NULL. Both return 0 on success, anything else on
+ * failure, with a reason written to err (err_cap bytes, NUL-terminated). They
+ * must not wait forever: a collective whose peer died must fail. close, if
+ * set, is called once: by vmmt_group_destroy, or by vmmt_group_create when
+ * it fails (the group owns the adapter from the call on).
+ */
+typedef struct vmmt_group_collective {
+    int (*allgather)(void *ctx, const void *send, void *recv, size_t bytes, char *err,
+                     size_t err_cap);
+    int (*barrier)(void *ctx, char *err, size_t err_cap);
+    void (*close)(void *ctx);
+    void *ctx;
+} vmmt_group_collective;
+
+typedef struct vmmt_group_config {
+    int rank;       /* 0 .. world_size - 1 */
+    int world_size; /* 1 .. 4096 */
+    int device;     /* this rank's device; default 0 */
+    vmmt_group_collective collective;
+    vmmt_handle_type handle_type; /* AUTO (default): the vote below; FABRIC or POSIX_FD to insist */
+    int timeout_ms;               /* bound of each descriptor exchange; default 120000 */
+    const char *socket_dir;       /* NULL: abstract socket names; else a directory for them */
+    uint32_t max_allocations;     /* per rank and registration; default 4096 */
+} vmmt_group_config;
+
+/* Defaults as documented above; rank, world_size and collective must be set. */
+VMMT_API void vmmt_group_config_init(vmmt_group_config *config);
+
+/*
+ * Agree on a handle type: every rank probes its device (vmmt_probe_device);
+ * FABRIC when every rank can create and export it, else POSIX_FD when every
+ * rank can and all ranks share a node. Otherwise every rank fails with the
+ * same message naming each rank that cannot and why (VMMT_ENOTSUP); ranks on
+ * different nodes without FABRIC fail naming the IMEX channel they need.
+ * A node is the host name plus the kernel's boot id, or VMMT_GROUP_NODE.
+ */
+VMMT_API int vmmt_group_create(const vmmt_group_config *config, vmmt_group **out);
+
+/*
+ * The local adapter: processes of one node started together, meeting at
+ * an abstract AF_UNIX name derived from `job` (any string the ranks share).
+ * Rank 0 gathers and answers; every wait is bounded by timeout_ms (0: 60000),
+ * and a rank that dies fails the others' current collective. The group owns
+ * the adapter. config->collective is ignored.
+ */
+VMMT_API int vmmt_group_create_local(const vmmt_group_config *config, const char *job,
+                                     vmmt_group **out);
+
+/*
+ * The local adapter's collective alone (to wrap it, say): rank 0 waits up to
+ * timeout_ms for the others to join. Hand it to vmmt_group_create, which
+ * owns it from then on; its close callback frees it.
+ */
+VMMT_API int vmmt_group_local_collective(const char *job, int rank, int world_size, int timeout_ms,
+                                         vmmt_group_collective *out);
+
+/*
+ * MPI: in libvmmt_mpi (built where CMake finds MPI; CMake target
+ * vmmt::vmmt_mpi). mpi_comm points to an MPI_Comm, which the group
+ * duplicates; rank and world_size come from it. MPI must be initialised and
+ * stay so until vmmt_group_destroy.
+ */
+VMMT_API int vmmt_group_create_mpi(const vmmt_group_config *config, const void *mpi_comm,
+                                   vmmt_group **out);
+
+/* libvmmt_mpi: the MPI collective alone, on a duplicate of *mpi_comm, with its rank and size. */
+VMMT_API int vmmt_group_mpi_collective(const void *mpi_comm, vmmt_group_collective *out, int *rank,
+                                       int *world_size);
+
+/* What the group agreed on, and this rank's place in it. */
+VMMT_API vmmt_handle_type vmmt_group_handle_type(const vmmt_group *group);
+VMMT_API int vmmt_group_rank(const vmmt_group *group);
+VMMT_API int vmmt_group_world_size(const vmmt_group *group);
+VMMT_API int vmmt_group_device(const vmmt_group *group);
+
+/* One buffer to register: a device pointer of this rank's device and its size. */
+typedef struct vmmt_group_buffer {
+    uint64_t ptr;
+    uint64_t nbytes;
+} vmmt_group_buffer;
+
+/*
+ * Register `count` buffers (the same count on every rank; sizes may differ).
+ * A buffer may cross several VMM allocations of its owner (each mapped whole,
+ * as PyTorch's expandable segments and cuMemCreate users map them); every
+ * allocation is shared once per group, whatever number of buffers or
+ * registrations name it. On success ptrs[i * world_size + r] is rank r's
+ * buffer i as this rank's device sees it (its own pointer for r == rank);
+ * a buffer that spans several allocations is one contiguous range.
+ * All or nothing, on every rank: when any rank fails, every rank returns an
+ * error naming the failed ranks and causes, and nothing of this call stays
+ * mapped or open.
+ */
+VMMT_API int vmmt_group_register(vmmt_group *group, const vmmt_group_buffer *buffers, size_t count,
+                                 uint64_t *ptrs);
+
+/* Buffers registered so far and peer allocations mapped, for tools and tests. */
+VMMT_API int vmmt_group_get_counts(const vmmt_group *group, size_t *buffers,
+                                   size_t *peer_allocations);
+
+/*
+ * A helper for tools and tests: `chunks` separate allocations of the group's
+ * handle type on its device, mapped side by side into one range (so the
+ * buffer crosses chunks - 1 allocation boundaries) with read-write access.
+ * nbytes is rounded up to whole granularity units per chunk. Not collective.
+ */
+VMMT_API int vmmt_group_alloc(vmmt_group *group, uint64_t nbytes, int chunks, uint64_t *ptr);
+VMMT_API int vmmt_group_free(vmmt_group *group, uint64_t ptr);
+
+/*
+ * Unmap every peer mapping, release every handle, free every range and close
+ * every descriptor, also after failed calls; allocations from
+ * vmmt_group_alloc are freed too. Not collective. NULL is allowed.
+ */
+VMMT_API void vmmt_group_destroy(vmmt_group *group);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,7 +22,9 @@ def rel(path):
     return os.path.relpath(path, os.getcwd())
 
 
-LIB_SOURCES = sorted(glob.glob(os.path.join(ROOT, "src", "*.c")))
+# group_mpi.c is the MPI adapter, built only where MPI is (libvmmt_mpi, CMakeLists.txt).
+LIB_SOURCES = sorted(p for p in glob.glob(os.path.join(ROOT, "src", "*.c"))
+                     if os.path.basename(p) != "group_mpi.c")
 EXT_SOURCES = sorted(glob.glob(os.path.join(HERE, "src", "*.c")))
 # The emulated driver is moving out of src/ into emu/, built as its own
 # libvmmt_emu.so that the library dlopens for VMMT_DRIVER=emu (it looks beside

@@ -47,6 +47,10 @@
       (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))             \
     X(cuMemUnmap, 10020, (CUdeviceptr, size_t))                                                    \
     X(cuMemSetAccess, 10020, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))               \
+    X(cuMemGetAddressRange, 3020, (CUdeviceptr *, size_t *, CUdeviceptr))                          \
+    X(cuMemRetainAllocationHandle, 11000, (CUmemGenericAllocationHandle *, void *))                \
+    X(cuMemGetAllocationPropertiesFromHandle, 10020,                                               \
+      (CUmemAllocationProp *, CUmemGenericAllocationHandle))                                       \
     X(cuMemAlloc, 3020, (CUdeviceptr *, size_t))                                                   \
     X(cuMemFree, 3020, (CUdeviceptr))                                                              \
     X(cuMemAllocHost, 3020, (void **, size_t))                                                     \

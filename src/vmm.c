@@ -321,3 +321,21 @@ int vmmt__mapping_import_fabric(int device, const CUmemFabricHandle *fabric, uin
     vmmt__ctx_leave();
     return st;
 }
+
+int vmmt__grant_rw(CUdeviceptr base, uint64_t size, int device)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    CUmemAccessDesc access;
+    CUresult r;
+
+    if (d == NULL) return vmmt_last_status();
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = d->cuMemSetAccess(base, size, &access, 1);
+    if (r != CUDA_SUCCESS)
+        return vmmt__cu_fail(r, "cuMemSetAccess(size=%" PRIu64 ", device=%d, read-write)", size,
+                             device);
+    return VMMT_OK;
+}

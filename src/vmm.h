@@ -85,6 +85,9 @@ int vmmt__mapping_import_posix_fd(int device, int fd, uint64_t size, struct vmmt
 int vmmt__mapping_import_fabric(int device, const CUmemFabricHandle *fabric, uint64_t size,
                                 struct vmmt__mapping *m);
 
+/* Read-write access for one device to [base, base+size), a run of whole mappings. */
+int vmmt__grant_rw(CUdeviceptr base, uint64_t size, int device);
+
 #define VMMT__IMEX_CHANNELS "/dev/nvidia-caps-imex-channels"
 
 #endif

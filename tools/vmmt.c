@@ -17,6 +17,9 @@ static void usage(FILE *f)
                "  bench [--driver cuda|emu] [--quick] [--json PATH] [--only S1,S3] [--reps N]\n"
                "        [--device N] [--peer-device N]\n"
                "      benchmark scenarios S1-S9, each against its floor measured in the same run\n"
+               "  group-test [--ranks N] [--buffers K] [--chunks C] [--size BYTES] [--spread]\n"
+               "             [--timeout MS] [--driver cuda|emu]\n"
+               "      N ranks map each other's buffers (some crossing C allocations) and read them\n"
                "  version\n"
                "\n"
                "exit status: 0 success, 1 check failed, 2 error, 3 (probe) no shareable handle "
@@ -34,6 +37,7 @@ int main(int argc, char **argv)
         return cmd_demo(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0 || strcmp(argv[1], "bench-peer") == 0)
         return cmd_bench(argc - 1, argv + 1);
+    if (strcmp(argv[1], "group-test") == 0) return cmd_group(argc - 1, argv + 1);
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
         printf("vmmt %s\n", VMMT_VERSION_STRING);
         return CLI_OK;

@@ -14,10 +14,21 @@
 
 #define SIZE(t)   printf("sizeof(%s) = %zu\n", #t, sizeof(t))
 #define OFF(t, f) printf("offsetof(%s, %s) = %zu\n", #t, #f, offsetof(t, f))
-#define VAL(c)    printf("%s = %lld\n", #c, (long long)(c))
+/* Prototypes: assigning each entry point to a pointer of our type fails to compile on a mismatch.
+ */
+#define PROTO(fn, params)                                                                          \
+    CUresult(*fn##_check) params = fn;                                                             \
+    (void)fn##_check
+#define VAL(c) printf("%s = %lld\n", #c, (long long)(c))
 
 int main(void)
 {
+#ifdef USE_CUDA_H
+    PROTO(cuMemGetAddressRange, (CUdeviceptr *, size_t *, CUdeviceptr));
+    PROTO(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *));
+    PROTO(cuMemGetAllocationPropertiesFromHandle,
+          (CUmemAllocationProp *, CUmemGenericAllocationHandle));
+#endif
     SIZE(CUresult);
     SIZE(CUdevice);
     SIZE(CUdeviceptr);
@@ -43,6 +54,7 @@ int main(void)
     VAL(CUDA_ERROR_ALREADY_MAPPED);
     VAL(CUDA_ERROR_NOT_MAPPED);
     VAL(CUDA_ERROR_INVALID_HANDLE);
+    VAL(CUDA_ERROR_NOT_FOUND);
     VAL(CUDA_ERROR_NOT_READY);
     VAL(CUDA_ERROR_ILLEGAL_ADDRESS);
     VAL(CUDA_ERROR_NOT_PERMITTED);

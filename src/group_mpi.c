@@ -1,0 +1,112 @@
+/*
+ * The MPI adapter of the group exchange, in its own library (libvmmt_mpi),
+ * built only where CMake finds MPI, so that libvmmt itself never depends on
+ * an MPI implementation. It uses the public API only.
+ *
+ * MPI_Allgather on a duplicate of the caller's communicator, so the group's
+ * traffic never mixes with the application's. MPI has no timeout of its own:
+ * a rank that dies makes the job's runtime (mpirun) end the job, which is the
+ * bound here.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vmmt.h"
+
+struct mpi_ctx {
+    MPI_Comm comm;
+};
+
+static void mpi_reason(int rc, const char *what, char *err, size_t cap)
+{
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+
+    MPI_Error_string(rc, text, &len);
+    snprintf(err, cap, "%s -> MPI error %d: %s", what, rc, text);
+}
+
+static int mpi_allgather(void *ctx, const void *send, void *recv, size_t bytes, char *err,
+                         size_t cap)
+{
+    struct mpi_ctx *m = ctx;
+    int rc;
+
+    /* MPI counts are int: larger blocks go as multiples of a contiguous 1 KiB type. */
+    if (bytes <= (size_t)0x7fffffff) {
+        rc = MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, m->comm);
+    } else {
+        snprintf(err, cap, "MPI_Allgather: a block of %zu bytes is more than an int count", bytes);
+        return -1;
+    }
+    if (rc != MPI_SUCCESS) {
+        mpi_reason(rc, "MPI_Allgather", err, cap);
+        return -1;
+    }
+    return 0;
+}
+
+static int mpi_barrier(void *ctx, char *err, size_t cap)
+{
+    struct mpi_ctx *m = ctx;
+    int rc = MPI_Barrier(m->comm);
+
+    if (rc != MPI_SUCCESS) {
+        mpi_reason(rc, "MPI_Barrier", err, cap);
+        return -1;
+    }
+    return 0;
+}
+
+static void mpi_close(void *ctx)
+{
+    struct mpi_ctx *m = ctx;
+    int finalized = 0;
+
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&m->comm);
+    free(m);
+}
+
+VMMT_API int vmmt_group_mpi_collective(const void *mpi_comm, vmmt_group_collective *out, int *rank,
+                                       int *world_size)
+{
+    struct mpi_ctx *m;
+    int init = 0;
+
+    if (out != NULL) memset(out, 0, sizeof *out);
+    if (mpi_comm == NULL || out == NULL || rank == NULL || world_size == NULL) return VMMT_EINVAL;
+    MPI_Initialized(&init);
+    if (!init) return VMMT_ESTATE;
+    if ((m = calloc(1, sizeof *m)) == NULL) return VMMT_ENOMEM;
+    if (MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &m->comm) != MPI_SUCCESS) {
+        free(m);
+        return VMMT_ESYS;
+    }
+    /* Errors come back as codes, so the group can say which collective failed. */
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(m->comm, rank);
+    MPI_Comm_size(m->comm, world_size);
+    *out = (vmmt_group_collective){mpi_allgather, mpi_barrier, mpi_close, m};
+    return VMMT_OK;
+}
+
+VMMT_API int vmmt_group_create_mpi(const vmmt_group_config *config, const void *mpi_comm,
+                                   vmmt_group **out)
+{
+    vmmt_group_config c;
+    int st;
+
+    if (out != NULL) *out = NULL;
+    vmmt_group_config_init(&c);
+    if (config != NULL) c = *config;
+    c.world_size = 0; /* refused by vmmt_group_create, with its message, unless set below */
+    c.collective.close = NULL;
+    if (config != NULL && out != NULL &&
+        (st = vmmt_group_mpi_collective(mpi_comm, &c.collective, &c.rank, &c.world_size)) !=
+            VMMT_OK)
+        return st;
+    return vmmt_group_create(&c, out);
+}
