@@ -14,11 +14,10 @@
 
 #define SIZE(t)   printf("sizeof(%s) = %zu\n", #t, sizeof(t))
 #define OFF(t, f) printf("offsetof(%s, %s) = %zu\n", #t, #f, offsetof(t, f))
-/* Prototypes: assigning each entry point to a pointer of our type fails to compile on a mismatch.
- */
+/* Prototypes: each entry point's type must be ours, checked at compile time (no link to libcuda). */
 #define PROTO(fn, params)                                                                          \
-    CUresult(*fn##_check) params = fn;                                                             \
-    (void)fn##_check
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&fn), CUresult(*) params),              \
+                   #fn " differs from cuda.h")
 #define VAL(c) printf("%s = %lld\n", #c, (long long)(c))
 
 int main(void)
