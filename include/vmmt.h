@@ -297,6 +297,18 @@ VMMT_API int vmmt_cancel(vmmt_pool *pool, const vmmt_desc *desc);
 /* Recycle every acknowledged slice now; *freed (if not NULL) counts them. */
 VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
 
+/*
+ * Acknowledge, on behalf of consumer rank `rank`, every slice in flight now,
+ * and log how many. For an engine that learns of a rank's death itself, or
+ * restarts a rank under the same number: the rank's earlier descriptors
+ * must not be consumed after this call (their slices may hold new data by
+ * then). Slices published later still need the rank. POSIX_FD pools do this
+ * on their own when a consumer process dies (its broker connection closes
+ * and the process is gone): see docs/broker.md. A live rank is never
+ * released but by this call. VMMT_EINVAL for a rank outside the pool.
+ */
+VMMT_API int vmmt_pool_release_rank(vmmt_pool *pool, int rank);
+
 /* Wait until nothing is in flight, at most timeout_ms; VMMT_ETIMEDOUT otherwise. */
 VMMT_API int vmmt_pool_drain(vmmt_pool *pool, int timeout_ms);
 
@@ -318,6 +330,10 @@ typedef struct vmmt_pool_stats {
     uint64_t reclaims;      /* control-table reads */
     uint64_t broker_served; /* POSIX_FD descriptors handed to consumers */
     uint64_t broker_refused;
+    /* Dead consumers: ranks released (a consumer process died, or vmmt_pool_release_rank). */
+    uint64_t rank_releases;
+    uint64_t released_slices; /* slices acknowledged on behalf of released ranks */
+    uint32_t consumer_links;  /* consumer processes whose liveness link is open now */
 } vmmt_pool_stats;
 
 VMMT_API int vmmt_pool_get_stats(vmmt_pool *pool, vmmt_pool_stats *out);

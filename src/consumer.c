@@ -48,7 +48,8 @@ struct imported {
     struct vmmt__mapping map;
     int host_table; /* the control table is the shared memfd in ctrl, read and written by CPU */
     struct vmmt__ctrl ctrl;
-    CUdeviceptr table; /* the control table as streams address it */
+    struct vmmt__broker_link *link; /* POSIX_FD: open while we use the pool (liveness) */
+    CUdeviceptr table;              /* the control table as streams address it */
     struct slot_state *slots;
     int users; /* consume and ack calls using the mapping, and acknowledgements not yet written */
     uint64_t last_used; /* consumer->clock at the last consume or ack */
@@ -116,6 +117,9 @@ static int release_pool(struct imported *ip)
     }
     st = vmmt__mapping_release(&ip->map);
     if (st != VMMT_OK) return st;
+    /* We let go of the pool but live on: the producer must not count our ranks dead. */
+    vmmt__broker_link_close(ip->link, 1);
+    ip->link = NULL;
     pthread_mutex_destroy(&ip->poll_lock);
     free(ip->slots);
     free(ip);
@@ -127,8 +131,12 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
 {
     int fds[2] = {-1, -1}, want = ip->host_table ? 2 : 1, st;
     double t0 = vmmt__now_us(), t1 = t0, t2 = t0;
+    struct vmmt__broker_peer producer;
 
-    st = vmmt__broker_fetch_fds(&d->broker, d->pool_id, c->cfg.timeout_ms, fds, want);
+    /* Only the producer named by the descriptor may hand us its pool. */
+    vmmt__broker_expect(d->producer_uid, d->producer_pid, d->producer_pidns, &producer);
+    st = vmmt__broker_fetch_fds(&d->broker, d->pool_id, &producer, c->cfg.timeout_ms, fds, want,
+                                &ip->link);
     t1 = vmmt__now_us();
     if (st == VMMT_OK)
         st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
@@ -142,6 +150,10 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
             vmmt__mapping_release(&ip->map);
             vmmt__error_restore(&e);
         }
+    }
+    if (st != VMMT_OK) {
+        vmmt__broker_link_close(ip->link, 1);
+        ip->link = NULL;
     }
     for (int i = 0; i < 2; i++)
         if (fds[i] >= 0) close(fds[i]);
@@ -161,11 +173,6 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
     int st;
 
     if (ip == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory to import a pool");
-    ip->slots = calloc(d->table_slots, sizeof *ip->slots);
-    if (ip->slots == NULL) {
-        free(ip);
-        return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot states", d->table_slots);
-    }
     ip->owner = c;
     ip->geometry = *d;
     ip->device = device;
@@ -180,9 +187,21 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
         st = import_posix(c, d, ip);
     }
     ip->table = ip->host_table ? 0 : ip->map.base + d->table_offset;
+    /* After the import, which checked table_slots against what the producer really serves. */
+    if (st == VMMT_OK) {
+        ip->slots = calloc(d->table_slots, sizeof *ip->slots);
+        if (ip->slots == NULL) {
+            struct vmmt__saved_error e;
+            st = vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot states", d->table_slots);
+            vmmt__error_save(&e);
+            if (release_pool(ip) != VMMT_OK)
+                vmmt__log(VMMT_LOG_ERROR, "releasing a pool imported in vain: %s",
+                          vmmt_last_error());
+            return vmmt__error_restore(&e);
+        }
+    }
     if (st != VMMT_OK) {
         pthread_mutex_destroy(&ip->poll_lock);
-        free(ip->slots);
         free(ip);
         return vmmt__wrap(st, "importing the pool of producer pid %d (device %d) on device %d",
                           d->producer_pid, d->producer_device, device);
@@ -387,6 +406,11 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
     else
         st = import_pool(c, &rq->d, device, &rq->pool);
     if (st == VMMT_OK) st = claim(rq);
+    /* Before any copy or acknowledgement: should we die from here on, the producer knows
+     * which ranks to release. Liveness is best effort; the consume does not depend on it. */
+    if (st == VMMT_OK && rq->pool->link != NULL &&
+        vmmt__broker_link_hold(rq->pool->link, rq->first, rq->count) != VMMT_OK)
+        vmmt__log(VMMT_LOG_INFO, "liveness link: %s", vmmt_last_error());
     if (st == VMMT_OK) {
         rq->pool->users++;
         rq->pool->last_used = ++c->clock;

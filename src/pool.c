@@ -195,6 +195,10 @@ static int start_broker(struct vmmt_pool *p, int fd)
     bc.allowed_uids = (const uid_t *)p->allowed_uids;
     bc.allowed_count = p->cfg.allowed_uid_count;
     bc.timeout_ms = p->cfg.timeout_ms;
+    /* Consumers keep their connection as a liveness link: a death releases its ranks. */
+    bc.ranks = p->cfg.consumer_count;
+    bc.on_dead = vmmt__pool_ranks_dead;
+    bc.user = p;
     /* Consumers get the allocation, and the shared control table where there is one. */
     return vmmt__broker_start_fds(fds, p->host_table ? 2 : 1, p->tmpl.pool_id, &bc, &p->broker);
 }
@@ -234,6 +238,9 @@ static void fill_template(struct vmmt_pool *p)
     }
     t->producer_device = p->device;
     t->producer_pid = (int32_t)getpid();
+    /* Consumers check that the broker they reach runs as this uid (and pid). */
+    t->producer_uid = (uint32_t)geteuid();
+    t->producer_pidns = vmmt__pidns_id();
     t->consumer_count = (uint32_t)p->cfg.consumer_count;
     t->alloc_size = p->map.size;
     t->table_offset = 0;
@@ -538,9 +545,12 @@ int vmmt_pool_get_stats(vmmt_pool *p, vmmt_pool_stats *out)
     out->cancelled = p->cancelled;
     out->full = p->full;
     out->reclaims = p->reclaims;
+    out->rank_releases = p->rank_releases;
+    out->released_slices = p->released_slices;
     if (p->broker != NULL) vmmt__broker_stats(p->broker, &bs);
     pthread_mutex_unlock(&p->lock);
     out->broker_served = bs.served;
     out->broker_refused = bs.refused_peer + bs.refused_pool;
+    out->consumer_links = (uint32_t)bs.held;
     return VMMT_OK;
 }

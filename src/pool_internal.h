@@ -71,6 +71,11 @@ struct vmmt_pool {
     uint32_t in_flight;
     uint64_t in_flight_bytes;
     uint64_t published, recycled, cancelled, full, reclaims;
+
+    /* Ranks whose consumer died, for the recycler to release (release.c); lock held. */
+    uint64_t dead_ranks[VMMT_BROKER_RANK_WORDS];
+    pid_t dead_pid;
+    uint64_t rank_releases, released_slices;
 };
 
 /* Fail with VMMT_EFAILED / VMMT_ECLOSED if the pool cannot take calls; lock held. */
@@ -94,6 +99,15 @@ int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed);
 
 /* Read the control table into p->table_host; the caller is active or the recycler. */
 int vmmt__pool_read_table(struct vmmt_pool *p);
+
+/*
+ * Dead consumers (release.c). The broker calls vmmt__pool_ranks_dead on its
+ * thread; the recycler then calls vmmt__pool_release_pending, which
+ * acknowledges on the dead ranks' behalf every slice in flight.
+ */
+void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
+                           uid_t uid);
+void vmmt__pool_release_pending(struct vmmt_pool *p);
 
 /* Return a slot and its slice to the free lists; lock held. */
 void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot);

@@ -125,6 +125,17 @@ static void *recycler_main(void *arg)
 
     pthread_mutex_lock(&p->lock);
     while (!p->stop) {
+        if (!p->failed && (p->dead_ranks[0] | p->dead_ranks[1] | p->dead_ranks[2] |
+                           p->dead_ranks[3]) != 0) {
+            pthread_mutex_unlock(&p->lock);
+            vmmt__pool_release_pending(p);
+            if (vmmt__pool_reclaim(p, NULL) != VMMT_OK) {
+                vmmt__wrap(VMMT_EFAILED, "background recycling");
+                vmmt__pool_quarantine(p);
+            }
+            pthread_mutex_lock(&p->lock);
+            continue;
+        }
         if (p->failed || (p->in_flight == 0 && quiet >= GRACE_INTERVALS)) {
             p->recycler_idle = 1;
             pthread_cond_wait(&p->wake, &p->lock);
@@ -134,7 +145,8 @@ static void *recycler_main(void *arg)
         }
         quiet = p->in_flight == 0 ? quiet + 1 : 0;
         vmmt__deadline(&next, p->cfg.recycle_interval_us);
-        while (!p->stop && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
+        while (!p->stop && !p->dead_ranks[0] && !p->dead_ranks[1] && !p->dead_ranks[2] &&
+               !p->dead_ranks[3] && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
             ;
         if (p->stop || p->in_flight == 0) continue;
         pthread_mutex_unlock(&p->lock);

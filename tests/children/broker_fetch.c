@@ -10,7 +10,8 @@
  *       the fetch must fail with STATUS and a message containing TEXT
  *
  * UID is -1 to keep the current user; otherwise the child drops to it first
- * (which needs root). Exit status 0 means the expectation held.
+ * (which needs root). The broker must be the parent process, running as the
+ * child's user before any drop. Exit status 0 means the expectation held.
  */
 #include <grp.h>
 #include <stdio.h>
@@ -20,6 +21,9 @@
 
 #include "broker.h"
 #include "status.h"
+
+/* The server every fetch must find: the parent, as the user we started as. */
+static struct vmmt__broker_peer parent;
 
 static int parse_pool(const char *hex, uint8_t id[16])
 {
@@ -46,7 +50,7 @@ static int do_write(const struct vmmt__broker_addr *addr, const uint8_t id[16])
 {
     static const char text[] = "written by child";
     int fd = -1;
-    int st = vmmt__broker_fetch(addr, id, 3000, &fd);
+    int st = vmmt__broker_fetch(addr, id, &parent, 3000, &fd);
 
     if (st != VMMT_OK) {
         fprintf(stderr, "broker_fetch: %d: %s\n", st, vmmt_last_error());
@@ -64,7 +68,7 @@ static int do_writen(const struct vmmt__broker_addr *addr, const uint8_t id[16],
 {
     int fds[VMMT_BROKER_MAX_FDS];
     char text[32];
-    int st = vmmt__broker_fetch_fds(addr, id, 3000, fds, n), rc = 0;
+    int st = vmmt__broker_fetch_fds(addr, id, &parent, 3000, fds, n, NULL), rc = 0;
 
     if (st != VMMT_OK) {
         fprintf(stderr, "broker_fetch: %d: %s\n", st, vmmt_last_error());
@@ -85,7 +89,7 @@ static int do_expect(const struct vmmt__broker_addr *addr, const uint8_t id[16],
                      const char *text)
 {
     int fd = -1;
-    int st = vmmt__broker_fetch(addr, id, 3000, &fd);
+    int st = vmmt__broker_fetch(addr, id, &parent, 3000, &fd);
 
     if (st != want || fd != -1 || strstr(vmmt_last_error(), text) == NULL) {
         fprintf(stderr, "broker_fetch: want %d with \"%s\", got %d fd %d: %s\n", want, text, st, fd,
@@ -107,6 +111,8 @@ int main(int argc, char **argv)
                 "usage: broker_fetch ADDRESS POOL_HEX32 UID write|writen N|expect STATUS TEXT\n");
         return 2;
     }
+    parent.uid = geteuid();
+    parent.pid = getppid();
     if (drop_to(strtol(argv[3], NULL, 10)) != 0) return 3;
     if (strcmp(argv[4], "write") == 0) return do_write(&addr, id);
     if (strcmp(argv[4], "writen") == 0 && argc == 6) {

@@ -24,6 +24,8 @@
 static const uint8_t POOL[16] = {0xa1, 0xb2, 0xc3, 0xd4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
 static const uint8_t OTHER[16] = {0x11, 0x22, 0x33, 0x44, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
 static const char POOL_HEX[] = "a1b2c3d405060708090a0b0c0d0e0f10";
+/* The brokers of these tests run in this process: the server a client must find. */
+static struct vmmt__broker_peer ME;
 
 /* ----------------------------------------------------------------- helpers */
 
@@ -89,7 +91,7 @@ static struct vmmt__broker *start_ok(int fd, const struct vmmt__broker_config *c
 static void fetch_same(const struct vmmt__broker *b, int pool_fd)
 {
     int fd = -1;
-    assert_vmmt_ok(vmmt__broker_fetch(vmmt__broker_address(b), POOL, 2000, &fd));
+    assert_vmmt_ok(vmmt__broker_fetch(vmmt__broker_address(b), POOL, &ME, 2000, &fd));
     assert_same_file(fd, pool_fd);
     assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
     close(fd);
@@ -421,7 +423,7 @@ static void test_wrong_pool_refused(void **state)
 
     int pool_fd = make_memfd();
     struct vmmt__broker *b = start_ok(pool_fd, NULL);
-    assert_int_equal(vmmt__broker_fetch(vmmt__broker_address(b), OTHER, 2000, &fd), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch(vmmt__broker_address(b), OTHER, &ME, 2000, &fd), VMMT_EINVAL);
     assert_int_equal(fd, -1);
     assert_error_contains("CUDA VMM POSIX FD broker failed: pool 11223344 is not served here");
     assert_error_contains("serves pool a1b2c3d4");
@@ -481,9 +483,21 @@ static void test_pending_limit(void **state)
     struct vmmt__broker *b = start_ok(pool_fd, &cfg);
     for (int i = 0; i < n; i++)
         stalled[i] = raw_connect(vmmt__broker_address(b));
-    /* Beyond the cap, clients wait in the backlog until slots free up; then they are served. */
+    /* Beyond the cap, the oldest of the peer holding the most is closed: the listener never
+     * stops, and a client with a request is served at once. */
+    int64_t t0 = now_ms();
     fetch_same(b, pool_fd);
-    wait_stat(b, pick_timed_out, (uint64_t)n, 3000);
+    assert_true(now_ms() - t0 < 150);
+    struct vmmt__broker_stats s;
+    for (int i = 0; i < 300; i++) {
+        vmmt__broker_stats(b, &s);
+        if (s.evicted + s.timed_out == (uint64_t)n) break;
+        usleep(10000);
+    }
+    /* One uid may keep VMMT_BROKER_PENDING_PER_UID waiting; the rest made room. */
+    assert_int_equal(s.evicted + s.timed_out, (uint64_t)n);
+    assert_true(s.evicted >= (uint64_t)(n - VMMT_BROKER_PENDING_PER_UID));
+    assert_true(s.timed_out <= VMMT_BROKER_PENDING_PER_UID);
     for (int i = 0; i < n; i++)
         close(stalled[i]);
     vmmt__broker_stop(b);
@@ -539,6 +553,7 @@ static void test_other_user_refused(void **state)
  */
 struct fake {
     int lfd;
+    const uint8_t *pool; /* the pool its reply names (version 3); NULL: POOL */
     uint16_t version;
     int32_t status;
     int nfds;
@@ -550,20 +565,21 @@ static void *fake_server(void *arg)
 {
     struct fake *f = arg;
     struct pollfd p = {.fd = f->lfd, .events = POLLIN};
-    uint8_t buf[64 + 14] = "VMBR";
+    uint8_t buf[64 + 30] = "VMBR";
+    size_t head = f->version >= 3 ? 30 : 14;
     int fds[4];
     union {
         struct cmsghdr h;
         char space[CMSG_SPACE(sizeof fds)];
     } ctl;
-    struct iovec iov = {.iov_base = buf, .iov_len = 14 + 4};
+    struct iovec iov = {.iov_base = buf, .iov_len = head + 4};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
 
     if (poll(&p, 1, 3000) != 1) return NULL;
     int c = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
     if (c < 0) return NULL;
     p.fd = c;
-    if (poll(&p, 1, 3000) == 1 && recv(c, buf + 14, 64, 0) == 24) {
+    if (poll(&p, 1, 3000) == 1 && recv(c, buf + 30, 64, 0) == 24) {
         buf[4] = (uint8_t)f->version;
         buf[5] = (uint8_t)(f->version >> 8);
         /* Version 1 had a 2-byte reserved field here, always 0. */
@@ -572,7 +588,9 @@ static void *fake_server(void *arg)
         memcpy(buf + 8, &f->status, 4);
         buf[12] = 4;
         buf[13] = 0;
-        memcpy(buf + 14, "fake", 4);
+        /* Version 3 names the pool after the fixed 14 bytes. */
+        if (head == 30) memcpy(buf + 14, f->pool ? f->pool : POOL, 16);
+        memcpy(buf + head, "fake", 4);
         if (f->nfds > 0) {
             for (int i = 0; i < f->nfds; i++)
                 fds[i] = f->fd;
@@ -602,7 +620,7 @@ static int fetch_fake(struct fake f, int *fds, int want)
     test_addr(&a, "fake");
     f.lfd = fake_listen(&a);
     assert_int_equal(pthread_create(&t, NULL, fake_server, &f), 0);
-    int st = vmmt__broker_fetch_fds(&a, POOL, 2000, fds, want);
+    int st = vmmt__broker_fetch_fds(&a, POOL, &ME, 2000, fds, want, NULL);
     /* The message is thread-local: keep it safe from close() and friends below. */
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", vmmt_last_error());
@@ -622,7 +640,7 @@ static int fetch_fake(struct fake f, int *fds, int want)
 /* A current server that attaches and announces nfds, through the one-fd wrapper's count. */
 static int fetch_from_fake(int32_t status, int nfds, int *fd)
 {
-    struct fake f = {.version = 2, .status = status, .nfds = nfds, .announce = nfds};
+    struct fake f = {.version = 3, .status = status, .nfds = nfds, .announce = nfds};
     return fetch_fake(f, fd, 1);
 }
 
@@ -652,16 +670,20 @@ static void test_fake_server_replies(void **state)
 
     /* The header and the control data disagree: a broken or hostile server. */
     int fds[2] = {5, 5};
-    struct fake f = {.version = 2, .status = VMMT_OK, .nfds = 1, .announce = 2};
+    struct fake f = {.version = 3, .status = VMMT_OK, .nfds = 1, .announce = 2};
     assert_int_equal(fetch_fake(f, fds, 2), VMMT_EPROTO);
     assert_error_contains("announced 2 file descriptor(s) but 1 arrived");
-    f = (struct fake){.version = 2, .status = VMMT_OK, .nfds = 2, .announce = 5};
+    f = (struct fake){.version = 3, .status = VMMT_OK, .nfds = 2, .announce = 5};
     assert_int_equal(fetch_fake(f, fds, 2), VMMT_EPROTO);
     assert_error_contains("it announces 5 file descriptors; a broker sends 1 to 4");
     /* More than asked for: refused, and every one that arrived is closed. */
-    f = (struct fake){.version = 2, .status = VMMT_OK, .nfds = 4, .announce = 4};
+    f = (struct fake){.version = 3, .status = VMMT_OK, .nfds = 4, .announce = 4};
     assert_int_equal(fetch_fake(f, fds, 2), VMMT_EPROTO);
     assert_error_contains("broker returned 4 file descriptor(s), expected 2");
+    /* A server that answers for another pool (it ignored the pool id we asked for). */
+    f = (struct fake){.version = 3, .pool = OTHER, .status = VMMT_OK, .nfds = 1, .announce = 1};
+    assert_int_equal(fetch_fake(f, fds, 1), VMMT_EPROTO);
+    assert_error_contains("serves pool 11223344, not pool a1b2c3d4 that the descriptor names");
     check_resources(&before);
 }
 
@@ -676,13 +698,18 @@ static void test_v1_server(void **state)
     struct fake f = {.version = 1, .status = VMMT_OK, .nfds = 1};
     assert_int_equal(fetch_fake(f, &fd, 1), VMMT_EPROTO);
     assert_error_contains("CUDA VMM POSIX FD broker failed: @vmmt-test-");
-    assert_error_contains("speaks broker protocol version 1, this build speaks 2: use the same "
+    assert_error_contains("speaks broker protocol version 1, this build speaks 3: use the same "
                           "vmmt version on producer and consumers (it said: \"fake\")");
     assert_int_equal(fd, -1);
     f.status = VMMT_EPROTO;
     f.nfds = 0;
     assert_int_equal(fetch_fake(f, &fd, 1), VMMT_EPROTO);
-    assert_error_contains("speaks broker protocol version 1, this build speaks 2");
+    assert_error_contains("speaks broker protocol version 1, this build speaks 3");
+    /* Version 2 had the same 14-byte header as version 1, and no pool id in its reply. */
+    f = (struct fake){.version = 2, .status = VMMT_OK, .nfds = 1, .announce = 1};
+    assert_int_equal(fetch_fake(f, &fd, 1), VMMT_EPROTO);
+    assert_error_contains("speaks broker protocol version 2, this build speaks 3: use the same "
+                          "vmmt version on producer and consumers (it said: \"fake\")");
     check_resources(&before);
 }
 
@@ -717,16 +744,16 @@ static void test_v1_client(void **state)
     /* What a version-1 client checks, in its order: size, magic, then the version it reports. */
     assert_true(n >= 14 && n <= 214);
     assert_memory_equal(buf, "VMBR", 4);
-    assert_int_equal(buf[4] | buf[5] << 8, 2);
+    assert_int_equal(buf[4] | buf[5] << 8, 3);
     assert_int_equal(buf[6], 0); /* no fds announced */
     int32_t st;
     memcpy(&st, buf + 8, 4);
     assert_int_equal(st, VMMT_EPROTO);
     int mlen = buf[12] | buf[13] << 8;
-    assert_int_equal(n, 14 + mlen);
-    const char want[] = "request version 1 is not supported; this broker speaks version 2";
+    assert_int_equal(n, 30 + mlen);
+    const char want[] = "request version 1 is not supported; this broker speaks version 3";
     assert_true((size_t)mlen >= sizeof want - 1);
-    assert_memory_equal(buf + 14, want, sizeof want - 1);
+    assert_memory_equal(buf + 30, want, sizeof want - 1);
     close(c);
     wait_stat(b, pick_malformed, 1, 2000);
     vmmt__broker_stop(b);
@@ -747,7 +774,7 @@ static void test_client_timeout(void **state)
     test_addr(&a, "mute");
     int lfd = fake_listen(&a);
     int64_t t0 = now_ms();
-    assert_int_equal(vmmt__broker_fetch(&a, POOL, 200, &fd), VMMT_ETIMEDOUT);
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, &ME, 200, &fd), VMMT_ETIMEDOUT);
     int64_t took = now_ms() - t0;
     assert_true(took >= 195 && took < 1500);
     assert_int_equal(fd, -1);
@@ -769,15 +796,15 @@ static void test_connect_refused(void **state)
     take_resources(&before);
 
     test_addr(&a, "nobody");
-    assert_int_equal(vmmt__broker_fetch(&a, POOL, 500, &fd), VMMT_ESYS);
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, &ME, 500, &fd), VMMT_ESYS);
     assert_error_contains("CUDA VMM POSIX FD broker failed: cannot connect to @vmmt-test-");
     assert_error_contains("Connection refused");
     assert_vmmt_ok(vmmt__broker_addr_parse("/nonexistent-vmmt-dir/x.sock", &a));
-    assert_int_equal(vmmt__broker_fetch(&a, POOL, 500, &fd), VMMT_ESYS);
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, &ME, 500, &fd), VMMT_ESYS);
     assert_error_contains("cannot connect to /nonexistent-vmmt-dir/x.sock: No such file");
     a.kind = 7;
-    assert_int_equal(vmmt__broker_fetch(&a, POOL, 500, &fd), VMMT_EINVAL);
-    assert_int_equal(vmmt__broker_fetch(NULL, POOL, 500, &fd), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, &ME, 500, &fd), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch(NULL, POOL, &ME, 500, &fd), VMMT_EINVAL);
     assert_int_equal(fd, -1);
     check_resources(&before);
 }
@@ -799,7 +826,7 @@ static void test_malformed_requests(void **state)
     for (int i = 0; i < 4; i++) {
         int c = raw_connect(a);
         if (i == 3) {
-            memcpy(req, "VMBQ\3\0\0\0", 8);
+            memcpy(req, "VMBQ\4\0\0\0", 8);
             memcpy(req + 8, POOL, 16);
         }
         assert_int_equal(send(c, req, lens[i], 0), (ssize_t)lens[i]);
@@ -888,7 +915,7 @@ static void test_two_fds(void **state)
     assert_true(st[0].st_ino != st[1].st_ino);
     struct vmmt__broker *b = NULL;
     assert_vmmt_ok(vmmt__broker_start_fds(mine, 2, POOL, NULL, &b));
-    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, got, 2));
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, got, 2, NULL));
     for (int i = 0; i < 2; i++) {
         struct stat g;
         assert_int_equal(fstat(got[i], &g), 0);
@@ -924,7 +951,7 @@ static void test_two_fds(void **state)
     for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
         close(dups[i]);
     assert_vmmt_ok(
-        vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, got, VMMT_BROKER_MAX_FDS));
+        vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, got, VMMT_BROKER_MAX_FDS, NULL));
     for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++) {
         assert_same_file(got[i], mine[i]);
         close(got[i]);
@@ -949,7 +976,7 @@ static void test_one_fd_wrappers(void **state)
     fetch_same(b, pool_fd);
     vmmt__broker_stop(b);
     b = start_ok(pool_fd, NULL);
-    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, &got, 1));
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, &got, 1, NULL));
     assert_same_file(got, pool_fd);
     close(got);
     vmmt__broker_stop(b);
@@ -968,24 +995,24 @@ static void test_want_mismatch(void **state)
     struct vmmt__broker *b = NULL;
     assert_vmmt_ok(vmmt__broker_start_fds(two, 2, POOL, NULL, &b));
     const struct vmmt__broker_addr *a = vmmt__broker_address(b);
-    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, got, 1), VMMT_EPROTO);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, got, 1, NULL), VMMT_EPROTO);
     assert_error_contains("CUDA VMM POSIX FD broker failed: broker returned 2 file descriptor(s), "
                           "expected 1");
     assert_int_equal(got[0], -1);
     got[0] = 7;
-    assert_int_equal(vmmt__broker_fetch(a, POOL, 2000, got), VMMT_EPROTO);
+    assert_int_equal(vmmt__broker_fetch(a, POOL, &ME, 2000, got), VMMT_EPROTO);
     assert_error_contains("broker returned 2 file descriptor(s), expected 1");
     assert_int_equal(got[0], -1);
     /* Bad counts are the caller's mistake, refused before any connection. */
-    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, got, 0), VMMT_EINVAL);
-    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, got, 5), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, got, 0, NULL), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, got, 5, NULL), VMMT_EINVAL);
     assert_error_contains("want is 5; a broker serves 1 to 4 fds");
-    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, NULL, 1), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, NULL, 1, NULL), VMMT_EINVAL);
     vmmt__broker_stop(b);
 
     b = start_ok(two[0], NULL);
     got[0] = got[1] = 7;
-    assert_int_equal(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, got, 2),
+    assert_int_equal(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, got, 2, NULL),
                      VMMT_EPROTO);
     assert_error_contains("CUDA VMM POSIX FD broker failed: broker returned 1 file descriptor(s), "
                           "expected 2");
@@ -1050,6 +1077,8 @@ static void test_addr_format_parse(void **state)
  */
 static int warm_up(void **state)
 {
+    ME.uid = geteuid();
+    ME.pid = getpid();
     int fd = -1;
     (void)state;
     int pool_fd = make_memfd();
