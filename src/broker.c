@@ -85,6 +85,7 @@ struct vmmt__broker {
     int nconns;
     uint64_t seq;
     int64_t accept_resume; /* monotonic ms; listener ignored before this */
+    bool warned_bounds;
     struct pollfd pfd[2 + 2 * MAX_CONNS];
     struct {
         uint64_t seq; /* whose fd this poll entry is: numbers are reused within a round */
@@ -286,15 +287,25 @@ static bool try_hold(struct vmmt__broker *b, int i)
 {
     struct conn *c = &b->conns[i];
 
+    int of_pid = 0;
+
     if (b->ranks <= 0) return false;
+    for (int j = 0; j < b->nconns; j++)
+        of_pid += b->conns[j].state != CONN_PENDING && b->conns[j].pid == c->pid;
     if (count_state(b, CONN_HELD, false, 0) + count_state(b, CONN_ORPHAN, false, 0) >=
             VMMT_BROKER_MAX_HELD ||
         count_state(b, CONN_HELD, true, c->uid) + count_state(b, CONN_ORPHAN, true, c->uid) >=
-            VMMT_BROKER_HELD_PER_UID) {
-        vmmt__log(VMMT_LOG_WARN,
-                  "fd broker: uid %u pid %d asked for a liveness link beyond the bounds (%d per "
-                  "uid, %d in all); it is served without one, so its death will not be noticed",
-                  (unsigned)c->uid, (int)c->pid, VMMT_BROKER_HELD_PER_UID, VMMT_BROKER_MAX_HELD);
+            VMMT_BROKER_HELD_PER_UID ||
+        of_pid >= VMMT_BROKER_HELD_PER_PID) {
+        /* Once per broker: a flood of such requests must not flood the log too. */
+        if (!b->warned_bounds)
+            vmmt__log(VMMT_LOG_WARN,
+                      "fd broker: uid %u pid %d asked for a liveness link beyond the bounds (%d "
+                      "per process, %d per uid, %d in all); it is served without one, so its "
+                      "death will not be noticed (warned once)",
+                      (unsigned)c->uid, (int)c->pid, VMMT_BROKER_HELD_PER_PID,
+                      VMMT_BROKER_HELD_PER_UID, VMMT_BROKER_MAX_HELD);
+        b->warned_bounds = true;
         return false;
     }
     c->pidfd = open_pidfd(c->pid);
@@ -344,8 +355,7 @@ static bool serve_request(struct vmmt__broker *b, int i)
     }
     /* Held before the reply, so that the reply can say so; undone if the reply fails. */
     bool held = (flags & VMMT__BREQ_HOLD) && try_hold(b, i);
-    if (!send_reply(b, cfd, VMMT_OK, NULL, b->served_fds, b->nserved,
-                    held ? VMMT__BREP_HELD : 0)) {
+    if (!send_reply(b, cfd, VMMT_OK, NULL, b->served_fds, b->nserved, held ? VMMT__BREP_HELD : 0)) {
         remove_conn(b, i);
         return true;
     }
@@ -380,8 +390,8 @@ static void link_died(struct vmmt__broker *b, int i)
 
     count(&b->deaths);
     remove_conn(b, i);
-    vmmt__log(VMMT_LOG_INFO, "fd broker: consumer pid %d (uid %u) died%s", (int)pid,
-              (unsigned)uid, any ? "; releasing the ranks it alone held" : "");
+    vmmt__log(VMMT_LOG_INFO, "fd broker: consumer pid %d (uid %u) died%s", (int)pid, (unsigned)uid,
+              any ? "; releasing the ranks it alone held" : "");
     if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid);
 }
 
@@ -395,9 +405,25 @@ static void link_died(struct vmmt__broker *b, int i)
 static void link_closed(struct vmmt__broker *b, int i)
 {
     struct conn *c = &b->conns[i];
+    bool any = false;
 
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        any |= c->ranks[w] != 0;
+    if (!any) {
+        /* It held no rank: nothing to release, whatever became of it. */
+        remove_conn(b, i);
+        return;
+    }
     close_fd(&c->fd);
     if (c->pidfd >= 0 && !readable_now(c->pidfd)) {
+        /* One orphan per process is enough to watch it: merge into one already there. */
+        for (int j = 0; j < b->nconns; j++) {
+            if (j == i || b->conns[j].state != CONN_ORPHAN || b->conns[j].pid != c->pid) continue;
+            for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+                b->conns[j].ranks[w] |= c->ranks[w];
+            remove_conn(b, i);
+            return;
+        }
         c->state = CONN_ORPHAN;
         return;
     }
@@ -419,17 +445,14 @@ static bool serve_link(struct vmmt__broker *b, int i)
             return false;
         }
         if (vmmt__bmsg_parse(buf, n, b->ranks, &m, why, sizeof why) != NULL) {
-            /* A broken client: it loses its link, but its ranks stay held until it dies. */
-            vmmt__log(VMMT_LOG_WARN,
+            /* A broken client loses its link, and with it the release of its ranks should it
+             * die: its word can no longer be trusted either way. */
+            vmmt__log(VMMT_LOG_INFO,
                       "fd broker: consumer pid %d (uid %u) sent a bad link message (%s); "
                       "closing its link",
                       (int)b->conns[i].pid, (unsigned)b->conns[i].uid, why);
             count(&b->malformed);
-            close_fd(&b->conns[i].fd);
-            if (b->conns[i].pidfd >= 0)
-                b->conns[i].state = CONN_ORPHAN;
-            else
-                remove_conn(b, i);
+            remove_conn(b, i);
             return false;
         }
         if (m.type == VMMT__BMSG_BYE) {
@@ -664,7 +687,8 @@ static int bind_abstract(struct vmmt__broker *b, int s)
         memcpy(b->addr.name, "vmmt-", 5);
         for (int i = 0; i < 16; i++)
             snprintf(b->addr.name + 5 + 2 * i, 3, "%02x", rnd[i]);
-        if (bind(s, (struct sockaddr *)&sun, vmmt__broker_sockaddr(&b->addr, &sun)) == 0) return VMMT_OK;
+        if (bind(s, (struct sockaddr *)&sun, vmmt__broker_sockaddr(&b->addr, &sun)) == 0)
+            return VMMT_OK;
         if (errno != EADDRINUSE) break;
     }
     return vmmt__sys_fail("bind to abstract socket @%.*s", (int)b->addr.len, b->addr.name);
@@ -961,4 +985,3 @@ void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats 
     out->deaths = atomic_load_explicit(&b->deaths, memory_order_relaxed);
     out->goodbyes = atomic_load_explicit(&b->goodbyes, memory_order_relaxed);
 }
-

@@ -25,6 +25,7 @@
 #define VMMT_BROKER_PENDING_PER_UID    32  /* ... of one uid */
 #define VMMT_BROKER_MAX_HELD           512 /* liveness links, all peers */
 #define VMMT_BROKER_HELD_PER_UID       256 /* ... of one uid */
+#define VMMT_BROKER_HELD_PER_PID       32  /* ... of one process */
 #define VMMT_BROKER_MAX_FDS            4
 #define VMMT_BROKER_MAX_RANKS          256
 #define VMMT_BROKER_RANK_WORDS         (VMMT_BROKER_MAX_RANKS / 64)

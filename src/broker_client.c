@@ -405,8 +405,7 @@ int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t p
             fds_out[i] = -1;
     if (link != NULL) *link = NULL;
     if (addr == NULL || pool_id == NULL || fds_out == NULL || expect == NULL)
-        return vmmt__fail(VMMT_EINVAL,
-                          PREFIX "addr, pool_id, expect and fds_out must not be NULL");
+        return vmmt__fail(VMMT_EINVAL, PREFIX "addr, pool_id, expect and fds_out must not be NULL");
     if (want < 1 || want > VMMT_BROKER_MAX_FDS)
         return vmmt__fail(VMMT_EINVAL, PREFIX "want is %d; a broker serves 1 to %d fds", want,
                           VMMT_BROKER_MAX_FDS);

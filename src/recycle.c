@@ -125,8 +125,8 @@ static void *recycler_main(void *arg)
 
     pthread_mutex_lock(&p->lock);
     while (!p->stop) {
-        if (!p->failed && (p->dead_ranks[0] | p->dead_ranks[1] | p->dead_ranks[2] |
-                           p->dead_ranks[3]) != 0) {
+        if (!p->failed &&
+            (p->dead_ranks[0] | p->dead_ranks[1] | p->dead_ranks[2] | p->dead_ranks[3]) != 0) {
             pthread_mutex_unlock(&p->lock);
             vmmt__pool_release_pending(p);
             if (vmmt__pool_reclaim(p, NULL) != VMMT_OK) {

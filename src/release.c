@@ -25,7 +25,8 @@ static const char *rank_list(const uint64_t ranks[VMMT_BROKER_RANK_WORDS], char 
     for (int r = 0; r < VMMT_BROKER_MAX_RANKS && n + 12 < cap; r++) {
         if (!(ranks[r / 64] & (1ull << (r % 64)))) continue;
         int end = r;
-        while (end + 1 < VMMT_BROKER_MAX_RANKS && (ranks[(end + 1) / 64] & (1ull << ((end + 1) % 64))))
+        while (end + 1 < VMMT_BROKER_MAX_RANKS &&
+               (ranks[(end + 1) / 64] & (1ull << ((end + 1) % 64))))
             end++;
         n += (size_t)snprintf(buf + n, cap - n, n ? ",%d" : "%d", r);
         if (end > r) n += (size_t)snprintf(buf + n, cap - n, "-%d", end);
@@ -134,8 +135,7 @@ static int release_ranks(struct vmmt_pool *p, const uint64_t ranks[], const char
     }
     pthread_mutex_unlock(&p->reclaim_lock);
     rank_list(ranks, list, sizeof list);
-    if (st != VMMT_OK)
-        return vmmt__wrap(st, "releasing rank(s) %s (%s)", list, why);
+    if (st != VMMT_OK) return vmmt__wrap(st, "releasing rank(s) %s (%s)", list, why);
     vmmt__log(VMMT_LOG_WARN, "released rank(s) %s (%s): %u slice(s) acknowledged on their behalf",
               list, why, slices);
     return VMMT_OK;

@@ -6,6 +6,9 @@
  *       fetch, then write "written by child" at offset 0 of the fd
  *   broker_fetch ADDRESS POOL_HEX32 UID writen N
  *       fetch N fds at once, then write "written by child I" at offset 0 of fd I
+ *   broker_fetch ADDRESS POOL_HEX32 UID truncate
+ *       fetch the allocation and the control table; resizing the table must
+ *       fail (it is sealed): exit 0 when both a shrink and a grow were refused
  *   broker_fetch ADDRESS POOL_HEX32 UID expect STATUS TEXT
  *       the fetch must fail with STATUS and a message containing TEXT
  *
@@ -13,7 +16,9 @@
  * (which needs root). The broker must be the parent process, running as the
  * child's user before any drop. Exit status 0 means the expectation held.
  */
+#include <errno.h>
 #include <grp.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +90,32 @@ static int do_writen(const struct vmmt__broker_addr *addr, const uint8_t id[16],
     return rc;
 }
 
+static int do_truncate(const struct vmmt__broker_addr *addr, const uint8_t id[16])
+{
+    int fds[2] = {-1, -1}, rc = 0;
+    struct stat st;
+    int s = vmmt__broker_fetch_fds(addr, id, &parent, 3000, fds, 2, NULL);
+
+    if (s != VMMT_OK) {
+        fprintf(stderr, "broker_fetch: %d: %s\n", s, vmmt_last_error());
+        return 1;
+    }
+    if (fstat(fds[1], &st) != 0) return 1;
+    if (ftruncate(fds[1], 0) == 0 || errno != EPERM) {
+        fprintf(stderr, "broker_fetch: the control table could be shrunk\n");
+        rc = 1;
+    }
+    if (ftruncate(fds[1], st.st_size * 2) == 0 || errno != EPERM) {
+        fprintf(stderr, "broker_fetch: the control table could be grown\n");
+        rc = 1;
+    }
+    /* Put it back as it was, should it have been shrunk, so the parent survives to report. */
+    if (rc != 0 && ftruncate(fds[1], st.st_size) != 0) perror("broker_fetch: restoring");
+    close(fds[0]);
+    close(fds[1]);
+    return rc;
+}
+
 static int do_expect(const struct vmmt__broker_addr *addr, const uint8_t id[16], int want,
                      const char *text)
 {
@@ -115,6 +146,7 @@ int main(int argc, char **argv)
     parent.pid = getppid();
     if (drop_to(strtol(argv[3], NULL, 10)) != 0) return 3;
     if (strcmp(argv[4], "write") == 0) return do_write(&addr, id);
+    if (strcmp(argv[4], "truncate") == 0) return do_truncate(&addr, id);
     if (strcmp(argv[4], "writen") == 0 && argc == 6) {
         int n = atoi(argv[5]);
         if (n < 1 || n > VMMT_BROKER_MAX_FDS) {

@@ -423,7 +423,8 @@ static void test_wrong_pool_refused(void **state)
 
     int pool_fd = make_memfd();
     struct vmmt__broker *b = start_ok(pool_fd, NULL);
-    assert_int_equal(vmmt__broker_fetch(vmmt__broker_address(b), OTHER, &ME, 2000, &fd), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch(vmmt__broker_address(b), OTHER, &ME, 2000, &fd),
+                     VMMT_EINVAL);
     assert_int_equal(fd, -1);
     assert_error_contains("CUDA VMM POSIX FD broker failed: pool 11223344 is not served here");
     assert_error_contains("serves pool a1b2c3d4");
@@ -950,8 +951,8 @@ static void test_two_fds(void **state)
     assert_vmmt_ok(vmmt__broker_start_fds(dups, VMMT_BROKER_MAX_FDS, POOL, NULL, &b));
     for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
         close(dups[i]);
-    assert_vmmt_ok(
-        vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, got, VMMT_BROKER_MAX_FDS, NULL));
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, got,
+                                          VMMT_BROKER_MAX_FDS, NULL));
     for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++) {
         assert_same_file(got[i], mine[i]);
         close(got[i]);
