@@ -111,8 +111,10 @@ static int hold_open(int n, int ms, int send_request)
     uint8_t req[VMMT__BREQ_SIZE];
 
     request(req, VMMT__BROKER_PROTO, VMMT__BREQ_HOLD, pool);
+    /* A broker that stops accepting must not keep us from starting the test: half a second
+     * without progress, and we hold what we have. */
     for (int i = 0; i < n; i++) {
-        s[i] = dial(until);
+        s[i] = dial(now_ms() + 500 < until ? now_ms() + 500 : until);
         if (s[i] < 0) break;
         opened++;
         if (send_request && send(s[i], req, sizeof req, MSG_NOSIGNAL) != (ssize_t)sizeof req) break;
