@@ -6,6 +6,9 @@
  *       fetch, then write "written by child" at offset 0 of the fd
  *   broker_fetch ADDRESS POOL_HEX32 UID writen N
  *       fetch N fds at once, then write "written by child I" at offset 0 of fd I
+ *   broker_fetch ADDRESS POOL_HEX32 UID hold FIRST COUNT [bye]
+ *       fetch with a liveness link, hold ranks [FIRST, FIRST+COUNT), and exit:
+ *       without a goodbye (a death), or after one with "bye"
  *   broker_fetch ADDRESS POOL_HEX32 UID truncate
  *       fetch the allocation and the control table; resizing the table must
  *       fail (it is sealed): exit 0 when both a shrink and a grow were refused
@@ -90,6 +93,25 @@ static int do_writen(const struct vmmt__broker_addr *addr, const uint8_t id[16],
     return rc;
 }
 
+static int do_hold(const struct vmmt__broker_addr *addr, const uint8_t id[16], int first, int count,
+                   int bye)
+{
+    struct vmmt__broker_link *link = NULL;
+    int fd = -1;
+    int st = vmmt__broker_fetch_fds(addr, id, &parent, 3000, &fd, 1, &link);
+
+    if (st == VMMT_OK && link == NULL) st = vmmt__fail(VMMT_ESTATE, "the broker kept no link");
+    if (st == VMMT_OK) st = vmmt__broker_link_hold(link, (uint32_t)first, (uint32_t)count);
+    if (st != VMMT_OK) {
+        fprintf(stderr, "broker_fetch: %d: %s\n", st, vmmt_last_error());
+        return 1;
+    }
+    close(fd);
+    /* Without a goodbye, the link closes when this process exits: a death. */
+    if (bye) vmmt__broker_link_close(link, 1);
+    return 0;
+}
+
 static int do_truncate(const struct vmmt__broker_addr *addr, const uint8_t id[16])
 {
     int fds[2] = {-1, -1}, rc = 0;
@@ -147,6 +169,9 @@ int main(int argc, char **argv)
     if (drop_to(strtol(argv[3], NULL, 10)) != 0) return 3;
     if (strcmp(argv[4], "write") == 0) return do_write(&addr, id);
     if (strcmp(argv[4], "truncate") == 0) return do_truncate(&addr, id);
+    if (strcmp(argv[4], "hold") == 0 && (argc == 7 || argc == 8))
+        return do_hold(&addr, id, atoi(argv[5]), atoi(argv[6]),
+                       argc == 8 && strcmp(argv[7], "bye") == 0);
     if (strcmp(argv[4], "writen") == 0 && argc == 6) {
         int n = atoi(argv[5]);
         if (n < 1 || n > VMMT_BROKER_MAX_FDS) {

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "broker_wire.h"
 #include "status.h"
 #include "testutil.h"
 
@@ -1076,6 +1077,182 @@ static void test_addr_format_parse(void **state)
  * of thread and allocation once up front so the leak checks compare like with
  * like.
  */
+/* ---------------------------------------------------------- liveness links */
+
+struct deaths {
+    pthread_mutex_t lock;
+    int calls;
+    uint64_t ranks[VMMT_BROKER_RANK_WORDS];
+    pid_t pid;
+};
+
+static void on_dead(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid, uid_t uid)
+{
+    struct deaths *d = user;
+    (void)uid;
+    pthread_mutex_lock(&d->lock);
+    d->calls++;
+    memcpy(d->ranks, ranks, sizeof d->ranks);
+    d->pid = pid;
+    pthread_mutex_unlock(&d->lock);
+}
+
+static int death_calls(struct deaths *d)
+{
+    pthread_mutex_lock(&d->lock);
+    int n = d->calls;
+    pthread_mutex_unlock(&d->lock);
+    return n;
+}
+
+static uint64_t pick_held(const struct vmmt__broker_stats *s)
+{
+    return s->held;
+}
+static uint64_t pick_goodbyes(const struct vmmt__broker_stats *s)
+{
+    return s->goodbyes;
+}
+static uint64_t pick_deaths(const struct vmmt__broker_stats *s)
+{
+    return s->deaths;
+}
+
+/* In one process: holding ranks, a goodbye, a close without one (we are alive), peer gone. */
+static void test_link_in_process(void **state)
+{
+    tu_resources before;
+    struct deaths dd = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    struct vmmt__broker_link *l = NULL;
+    struct vmmt__broker_stats s;
+    int fd = -1;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.ranks = 4, .on_dead = on_dead, .user = &dd};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    const struct vmmt__broker_addr *a = vmmt__broker_address(b);
+    assert_vmmt_ok(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, &fd, 1, &l));
+    assert_non_null(l);
+    close(fd);
+    assert_int_equal(vmmt__broker_link_peer_pid(l), getpid());
+    assert_true(vmmt__broker_link_fd(l) >= 0);
+    assert_int_equal(vmmt__broker_link_peer_gone(l), 0);
+    assert_vmmt_ok(vmmt__broker_link_hold(l, 0, 2));
+    assert_vmmt_ok(vmmt__broker_link_hold(l, 1, 1)); /* known already: nothing sent */
+    assert_vmmt_ok(vmmt__broker_link_hold(l, 3, 1));
+    assert_int_equal(vmmt__broker_link_hold(l, 300, 1), VMMT_EINVAL);
+    wait_stat(b, pick_held, 1, 2000);
+    vmmt__broker_link_close(l, 1);
+    wait_stat(b, pick_goodbyes, 1, 2000);
+
+    /* Closed without a goodbye while this process lives: not a death. */
+    assert_vmmt_ok(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, &fd, 1, &l));
+    close(fd);
+    assert_vmmt_ok(vmmt__broker_link_hold(l, 2, 1));
+    vmmt__broker_link_close(l, 0);
+    usleep(50000);
+    assert_int_equal(death_calls(&dd), 0);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.deaths, 0);
+
+    /* The producer stops: the link says so. */
+    assert_vmmt_ok(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, &fd, 1, &l));
+    close(fd);
+    vmmt__broker_stop(b);
+    assert_int_equal(vmmt__broker_link_peer_gone(l), 1);
+    assert_int_equal(vmmt__broker_link_hold(l, 0, 1), VMMT_ECLOSED);
+    vmmt__broker_link_close(l, 1);
+    vmmt__broker_link_close(NULL, 1);
+
+    /* A broker without liveness keeps no link. */
+    struct vmmt__broker_config none = {0};
+    b = start_ok(pool_fd, &none);
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, &fd, 1, &l));
+    assert_null(l);
+    close(fd);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+/* A child holds ranks and dies; another link holding one of them keeps that one alive. */
+static void test_link_death_across_processes(void **state)
+{
+    tu_resources before;
+    struct deaths dd = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    struct vmmt__broker_link *mine = NULL;
+    char where[300];
+    int fd = -1;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.ranks = 8, .on_dead = on_dead, .user = &dd};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    vmmt__broker_addr_format(vmmt__broker_address(b), where, sizeof where);
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, &fd, 1, &mine));
+    close(fd);
+    assert_vmmt_ok(vmmt__broker_link_hold(mine, 1, 1));
+
+    /* A goodbye, then exit: alive as far as the pool is concerned. */
+    char *bye[] = {where, (char *)POOL_HEX, "-1", "hold", "0", "3", "bye", NULL};
+    assert_int_equal(tu_wait(tu_spawn("broker_fetch", bye, -1), 10000), 0);
+    wait_stat(b, pick_goodbyes, 1, 2000);
+    assert_int_equal(death_calls(&dd), 0);
+
+    /* Exit without one: a death; rank 1 is still held here, so ranks 0 and 2 are released. */
+    char *die[] = {where, (char *)POOL_HEX, "-1", "hold", "0", "3", NULL};
+    pid_t pid = tu_spawn("broker_fetch", die, -1);
+    assert_int_equal(tu_wait(pid, 10000), 0);
+    wait_stat(b, pick_deaths, 1, 2000);
+    assert_int_equal(death_calls(&dd), 1);
+    assert_int_equal(dd.ranks[0], 0x5);
+    assert_int_equal(dd.pid, pid);
+    vmmt__broker_link_close(mine, 1);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+/* The pure parsers the server runs on what peers send (and fuzzers call). */
+static void test_wire_parsers(void **state)
+{
+    uint8_t req[VMMT__BREQ_SIZE], m[VMMT__BMSG_SIZE], id[16];
+    uint16_t flags = 0;
+    struct vmmt__bmsg msg;
+    char why[200];
+    (void)state;
+
+    memcpy(req, "VMBQ\3\0\1\0", 8);
+    memcpy(req + 8, POOL, 16);
+    assert_null(vmmt__breq_parse(req, sizeof req, &flags, id, why, sizeof why));
+    assert_int_equal(flags, VMMT__BREQ_HOLD);
+    assert_memory_equal(id, POOL, 16);
+    assert_non_null(vmmt__breq_parse(req, 23, &flags, id, why, sizeof why));
+    req[6] = 2; /* an unknown flag */
+    assert_non_null(vmmt__breq_parse(req, sizeof req, &flags, id, why, sizeof why));
+    assert_non_null(strstr(why, "unknown bits"));
+
+    memcpy(m, "VMBM\3\0\1\0", 8);
+    vmmt__put_u32(m + 8, 2);
+    vmmt__put_u32(m + 12, 2);
+    assert_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why));
+    assert_int_equal(msg.first, 2);
+    assert_non_null(vmmt__bmsg_parse(m, sizeof m, 3, &msg, why, sizeof why)); /* past the end */
+    vmmt__put_u32(m + 8, 0xffffffffu); /* first + count wraps */
+    assert_non_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why));
+    vmmt__put_u32(m + 8, 0);
+    vmmt__put_u32(m + 12, 0);
+    assert_non_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why)); /* no rank */
+    m[6] = VMMT__BMSG_BYE;
+    assert_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why));
+    vmmt__put_u32(m + 12, 1); /* a goodbye carries nothing */
+    assert_non_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why));
+    assert_non_null(vmmt__bmsg_parse(m, 15, 4, &msg, why, sizeof why));
+}
+
 static int warm_up(void **state)
 {
     ME.uid = geteuid();
@@ -1119,6 +1296,9 @@ int main(void)
         cmocka_unit_test(test_start_fds_errors),
         cmocka_unit_test(test_v1_server),
         cmocka_unit_test(test_v1_client),
+        cmocka_unit_test(test_link_in_process),
+        cmocka_unit_test(test_link_death_across_processes),
+        cmocka_unit_test(test_wire_parsers),
     };
     return cmocka_run_group_tests(tests, warm_up, NULL);
 }
