@@ -251,6 +251,15 @@ typedef struct vmmt_pool_config {
      * pools always do. Default 0.
      */
     int device_control_table;
+    /*
+     * Backstop for consumers the pool cannot watch (FABRIC pools, consumers
+     * served without a liveness link): a rank that no live consumer process
+     * has announced on its broker link, and that leaves a slice
+     * unacknowledged for longer than this, is presumed dead and released as
+     * by vmmt_pool_release_rank. 0 (the default): never; a rank that a live
+     * process holds is never released this way.
+     */
+    int consumer_lease_ms;
 } vmmt_pool_config;
 
 /* Defaults as documented above; memory_size and consumer_count are left 0 and must be set. */

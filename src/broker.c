@@ -92,6 +92,7 @@ struct vmmt__broker {
         bool pidfd;
     } who[2 + 2 * MAX_CONNS];
 
+    _Atomic uint64_t live[VMMT_BROKER_RANK_WORDS]; /* ranks held by links, for other threads */
     _Atomic uint64_t served, refused_peer, refused_pool, timed_out, malformed, evicted, held,
         deaths, goodbyes;
 };
@@ -618,6 +619,19 @@ static void handle_event(struct vmmt__broker *b, const struct pollfd *p, uint64_
     }
 }
 
+/* Publish the ranks live links hold, for vmmt__broker_live_ranks. */
+static void update_live(struct vmmt__broker *b)
+{
+    uint64_t live[VMMT_BROKER_RANK_WORDS] = {0};
+
+    for (int i = 0; i < b->nconns; i++)
+        if (b->conns[i].state != CONN_PENDING)
+            for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+                live[w] |= b->conns[i].ranks[w];
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        atomic_store_explicit(&b->live[w], live[w], memory_order_relaxed);
+}
+
 /* One round of poll; returns false when stop was asked for. */
 static bool serve_round(struct vmmt__broker *b)
 {
@@ -655,6 +669,7 @@ static bool serve_round(struct vmmt__broker *b)
     }
     expire_pending(b, now);
     if (r > 0 && (pfd[1].revents & POLLIN)) accept_new(b, now);
+    update_live(b);
     return true;
 }
 
@@ -968,6 +983,12 @@ void vmmt__broker_stop(struct vmmt__broker *b)
     close_served(b);
     free(b->allowed);
     free(b);
+}
+
+void vmmt__broker_live_ranks(const struct vmmt__broker *b, uint64_t out[VMMT_BROKER_RANK_WORDS])
+{
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        out[w] = b ? atomic_load_explicit(&b->live[w], memory_order_relaxed) : 0;
 }
 
 void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats *out)

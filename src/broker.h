@@ -81,6 +81,9 @@ struct vmmt__broker_stats {
 };
 void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats *out);
 
+/* The ranks some live link (or orphan) holds now; thread-safe. All zero for NULL. */
+void vmmt__broker_live_ranks(const struct vmmt__broker *b, uint64_t out[VMMT_BROKER_RANK_WORDS]);
+
 /* ------------------------------------------------------------------ client */
 
 /*

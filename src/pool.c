@@ -52,6 +52,9 @@ static int check_config(const vmmt_pool_config *c)
         return vmmt__fail(VMMT_EINVAL, "max_slices=%u must be between 1 and %u", c->max_slices,
                           MAX_SLICES);
     if (c->timeout_ms <= 0) return vmmt__fail(VMMT_EINVAL, "timeout_ms must be positive");
+    if (c->consumer_lease_ms < 0)
+        return vmmt__fail(VMMT_EINVAL, "consumer_lease_ms=%d must be 0 (off) or positive",
+                          c->consumer_lease_ms);
     if (c->handle_type == VMMT_HANDLE_NONE)
         return vmmt__fail(VMMT_EINVAL,
                           "handle_type=none cannot be shared with other processes; use auto, "
@@ -135,6 +138,12 @@ static int alloc_host_state(struct vmmt_pool *p)
     p->free_slots = malloc(p->slots * sizeof *p->free_slots);
     if (p->slot == NULL || p->free_slots == NULL)
         return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slots", p->slots);
+    if (p->cfg.consumer_lease_ms > 0) {
+        p->lease_gen = calloc(p->slots, sizeof *p->lease_gen);
+        p->lease_since_ms = calloc(p->slots, sizeof *p->lease_since_ms);
+        if (p->lease_gen == NULL || p->lease_since_ms == NULL)
+            return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot leases", p->slots);
+    }
     /* Low slot numbers on top, so a quiet pool touches few table rows. */
     for (uint32_t i = 0; i < p->slots; i++)
         p->free_slots[i] = p->slots - 1 - i;
@@ -313,6 +322,8 @@ static void free_pool(struct vmmt_pool *p)
     pthread_mutex_destroy(&p->lock);
     free(p->slot);
     free(p->free_slots);
+    free(p->lease_gen);
+    free(p->lease_since_ms);
     free(p->allowed_uids);
     free(p);
 }

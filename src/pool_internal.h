@@ -76,6 +76,9 @@ struct vmmt_pool {
     uint64_t dead_ranks[VMMT_BROKER_RANK_WORDS];
     pid_t dead_pid;
     uint64_t rank_releases, released_slices;
+    /* consumer_lease_ms: when the recycler first saw each slot's occupant in flight. */
+    uint32_t *lease_gen;
+    int64_t *lease_since_ms;
 };
 
 /* Fail with VMMT_EFAILED / VMMT_ECLOSED if the pool cannot take calls; lock held. */
@@ -108,6 +111,9 @@ int vmmt__pool_read_table(struct vmmt_pool *p);
 void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
                            uid_t uid);
 void vmmt__pool_release_pending(struct vmmt_pool *p);
+
+/* consumer_lease_ms: release ranks no live link holds that sat on a slice too long (recycler). */
+void vmmt__pool_lease_check(struct vmmt_pool *p);
 
 /* Return a slot and its slice to the free lists; lock held. */
 void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot);

@@ -155,6 +155,8 @@ static void *recycler_main(void *arg)
         if (vmmt__pool_reclaim(p, NULL) != VMMT_OK) {
             vmmt__wrap(VMMT_EFAILED, "background recycling");
             vmmt__pool_quarantine(p);
+        } else if (p->cfg.consumer_lease_ms > 0) {
+            vmmt__pool_lease_check(p);
         }
         pthread_mutex_lock(&p->lock);
     }

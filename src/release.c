@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "ctrl.h"
 #include "driver.h"
@@ -139,6 +140,57 @@ static int release_ranks(struct vmmt_pool *p, const uint64_t ranks[], const char
     vmmt__log(VMMT_LOG_WARN, "released rank(s) %s (%s): %u slice(s) acknowledged on their behalf",
               list, why, slices);
     return VMMT_OK;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * consumer_lease_ms: ranks that no live link holds and that sat on a slice
+ * (whose ready word shows the producer's copy done) for longer than the
+ * lease. A slot's lease starts when the recycler first sees its occupant in
+ * flight; the recycler runs every recycle interval while slices are in
+ * flight, so that is within an interval of the publish.
+ */
+void vmmt__pool_lease_check(struct vmmt_pool *p)
+{
+    uint64_t live[VMMT_BROKER_RANK_WORDS], stale[VMMT_BROKER_RANK_WORDS] = {0};
+    int64_t now = now_ms(), lease = p->cfg.consumer_lease_ms;
+    char why[160];
+    int any = 0;
+
+    pthread_mutex_lock(&p->reclaim_lock);
+    pthread_mutex_lock(&p->lock);
+    vmmt__broker_live_ranks(p->broker, live);
+    for (uint32_t i = 0; i < p->slots && p->lease_gen != NULL; i++) {
+        const struct vmmt__slot *s = &p->slot[i];
+        const uint32_t *row = p->table_host + (size_t)i * (p->stride / 4);
+        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (p->lease_gen[i] != s->generation) {
+            p->lease_gen[i] = s->generation;
+            p->lease_since_ms[i] = now;
+            continue;
+        }
+        if (now - p->lease_since_ms[i] < lease || vmmt__ctrl_load(&row[0]) != s->generation)
+            continue;
+        for (uint32_t r = 0; r < (uint32_t)p->cfg.consumer_count; r++) {
+            if (has_rank(live, r) || vmmt__ctrl_load(&row[1 + r]) == s->generation) continue;
+            stale[r / 64] |= 1ull << (r % 64);
+            any = 1;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->reclaim_lock);
+    if (!any) return;
+    snprintf(why, sizeof why,
+             "no live consumer process holds it, and it left a slice unacknowledged for more "
+             "than consumer_lease_ms=%d",
+             p->cfg.consumer_lease_ms);
+    if (release_ranks(p, stale, why) != VMMT_OK) vmmt__pool_quarantine(p);
 }
 
 void vmmt__pool_release_pending(struct vmmt_pool *p)

@@ -540,6 +540,62 @@ static void test_live_rank_not_robbed(void **state)
     assert_int_equal(stats(f->pool).released_slices, 2);
 }
 
+/*
+ * consumer_lease_ms: rank 0 never shows up (no process announces it), so its
+ * slice is released once the lease runs out; a rank a live process holds is
+ * not, however long it waits.
+ */
+static void test_lease_backstop(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_desc d[4];
+    int sock;
+
+    vmmt_pool_config c = config(16 * MiB, 2);
+    c.consumer_lease_ms = 200;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    vmmt_desc e = publish(f, 4096, 1);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &e, 0, f->dst, f->cap, f->stream, 1, 1));
+    double t0 = now_ms();
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    double took = now_ms() - t0;
+    print_message("rank nobody holds: released %.0f ms after its slice was published (lease 200)\n",
+                  took);
+    assert_true(took >= 150);
+    assert_int_equal(stats(f->pool).released_slices, 1);
+    vmmt_pool_destroy(f->pool);
+    f->pool = NULL;
+    vmmt_consumer_destroy(f->consumer);
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &f->consumer));
+
+    /* A live child holds rank 0 and sits on three slices: the lease does not touch them. */
+    pid_t pid;
+    {
+        vmmt_pool_config lc = config(16 * MiB, 2);
+        lc.consumer_lease_ms = 100;
+        char *argv[] = {"0", "0", "1", NULL};
+        assert_vmmt_ok(vmmt_pool_create(&lc, &f->pool));
+        pid = spawn_paired("consumer_child", argv, &sock);
+        for (uint32_t i = 0; i <= 3; i++) {
+            d[i] = publish(f, 8192, i);
+            send_msg(sock, i, &d[i], i == 0 ? 0 : 1);
+            expect_reply(sock, i, i == 0 ? VMMT_OK : 1);
+            assert_vmmt_ok(vmmt_consume(f->consumer, &d[i], 0, f->dst, f->cap, f->stream, 1, 1));
+        }
+    }
+    assert_int_equal(vmmt_pool_drain(f->pool, 600), VMMT_ETIMEDOUT);
+    assert_int_equal(stats(f->pool).released_slices, 0);
+    for (uint32_t i = 1; i <= 3; i++) {
+        send_msg(sock, i, &d[i], 0);
+        expect_reply(sock, i, VMMT_OK);
+    }
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    send_msg(sock, UINT32_MAX, NULL, 0);
+    assert_int_equal(tu_wait(pid, 10000), 0);
+    close(sock);
+    assert_int_equal(stats(f->pool).released_slices, 0);
+}
+
 static void test_release_rank_arguments(void **state)
 {
     struct fixture *f = *state;
@@ -576,6 +632,7 @@ int main(void)
         T(test_dead_consumer_host_table),
         T(test_dead_consumer_device_table),
         T(test_live_rank_not_robbed),
+        T(test_lease_backstop),
         T(test_release_rank_arguments),
     };
     signal(SIGPIPE, SIG_IGN);
