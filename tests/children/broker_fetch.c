@@ -29,20 +29,10 @@
 
 #include "broker.h"
 #include "status.h"
+#include "testutil.h"
 
 /* The server every fetch must find: the parent, as the user we started as. */
 static struct vmmt__broker_peer parent;
-
-static int parse_pool(const char *hex, uint8_t id[16])
-{
-    if (strlen(hex) != 32) return -1;
-    for (int i = 0; i < 16; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
-        id[i] = (uint8_t)v;
-    }
-    return 0;
-}
 
 static int drop_to(long uid)
 {
@@ -159,7 +149,7 @@ int main(int argc, char **argv)
     uint8_t id[16];
 
     if (argc < 5 || vmmt__broker_addr_parse(argv[1], &addr) != VMMT_OK ||
-        parse_pool(argv[2], id) != 0) {
+        tu_hex_decode(argv[2], id, 16) != 0) {
         fprintf(stderr,
                 "usage: broker_fetch ADDRESS POOL_HEX32 UID write|writen N|expect STATUS TEXT\n");
         return 2;

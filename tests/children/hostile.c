@@ -38,6 +38,7 @@
 #include "broker.h"
 #include "broker_wire.h"
 #include "status.h"
+#include "testutil.h"
 
 static struct sockaddr_un sun;
 static socklen_t sl;
@@ -199,14 +200,10 @@ int main(int argc, char **argv)
     struct vmmt__broker_addr addr;
     struct rlimit rl;
 
-    if (argc != 7 || vmmt__broker_addr_parse(argv[1], &addr) != VMMT_OK || strlen(argv[2]) != 32) {
+    if (argc != 7 || vmmt__broker_addr_parse(argv[1], &addr) != VMMT_OK ||
+        tu_hex_decode(argv[2], pool, 16) != 0) {
         fprintf(stderr, "usage: hostile ADDRESS POOL_HEX32 UID MODE N MS\n");
         return 2;
-    }
-    for (int i = 0; i < 16; i++) {
-        unsigned v;
-        if (sscanf(argv[2] + 2 * i, "%2x", &v) != 1) return 2;
-        pool[i] = (uint8_t)v;
     }
     long uid = strtol(argv[3], NULL, 10);
     int n = atoi(argv[5]), ms = atoi(argv[6]);

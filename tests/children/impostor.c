@@ -23,17 +23,6 @@
 #include "testutil.h"
 #include "vmm.h"
 
-static int parse_pool(const char *hex, uint8_t id[16])
-{
-    if (strlen(hex) != 32) return -1;
-    for (int i = 0; i < 16; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
-        id[i] = (uint8_t)v;
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     struct vmmt__mapping m;
@@ -43,7 +32,7 @@ int main(int argc, char **argv)
     int fds[2] = {-1, -1};
     long uid;
 
-    if (argc != 8 || parse_pool(argv[2], id) != 0) {
+    if (argc != 8 || tu_hex_decode(argv[2], id, 16) != 0) {
         fprintf(stderr, "usage: impostor PATH POOL_HEX32 ALLOC TABLE STRIDE GEN UID\n");
         return 2;
     }

@@ -100,14 +100,7 @@ static void fetch_same(const struct vmmt__broker *b, int pool_fd)
 
 static socklen_t sockaddr_of(const struct vmmt__broker_addr *a, struct sockaddr_un *sun)
 {
-    memset(sun, 0, sizeof *sun);
-    sun->sun_family = AF_UNIX;
-    if (a->kind == VMMT_BROKER_ADDR_ABSTRACT) {
-        memcpy(sun->sun_path + 1, a->name, a->len);
-        return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + a->len);
-    }
-    memcpy(sun->sun_path, a->name, a->len);
-    return (socklen_t)sizeof *sun;
+    return vmmt__broker_sockaddr(a, sun);
 }
 
 /* A client that speaks no protocol: connected, blocking, sends only what a test says. */

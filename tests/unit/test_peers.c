@@ -94,6 +94,24 @@ static vmmt_desc publish(struct fixture *f, size_t n, uint32_t i)
 }
 
 /*
+ * A producer whose broker listens at dir/broker.sock (dir writable by all)
+ * publishes buffer i, then exits: its address is free for whoever binds it.
+ */
+static vmmt_desc publish_then_exit(struct fixture *f, char dir[64], char path[128], uint32_t i)
+{
+    vmmt_pool_config c = config(4 * MiB, 1);
+
+    make_shared_dir(dir, 64);
+    snprintf(path, 128, "%s/broker.sock", dir);
+    c.broker_path = path;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    vmmt_desc d = publish(f, 4096, i);
+    vmmt_pool_destroy(f->pool);
+    f->pool = NULL;
+    return d;
+}
+
+/*
  * A legitimate consumer process's first consume: a consumer of its own, so
  * that it fetches from the broker. Returns how long it took; the bytes must
  * be buffer i's.
@@ -137,18 +155,11 @@ static double legit_round(struct fixture *f, uint32_t base)
 static void impostor(struct fixture *f, const char *uid)
 {
     char dir[64], path[128], hex[33], alloc[32], table[32], stride[16], gen[16];
-    vmmt_pool_config c = config(4 * MiB, 1);
     int sock;
 
     if (!on_emu()) skip();
-    make_shared_dir(dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/broker.sock", dir);
-    c.broker_path = path;
-    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
-    vmmt_desc d = publish(f, 4096, 1);
+    vmmt_desc d = publish_then_exit(f, dir, path, 1);
     struct vmmt__desc x = decode(&d);
-    vmmt_pool_destroy(f->pool);
-    f->pool = NULL;
 
     snprintf(alloc, sizeof alloc, "%llu", (unsigned long long)x.alloc_size);
     snprintf(table, sizeof table, "%llu", (unsigned long long)x.table_slots * x.slot_stride);
@@ -248,17 +259,9 @@ static void test_table_checked_on_import(void **state)
 {
     struct fixture *f = *state;
     char dir[64], path[128];
-    vmmt_pool_config c = config(4 * MiB, 1);
-
-    make_shared_dir(dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/broker.sock", dir);
-    c.broker_path = path;
-    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
-    vmmt_desc d = publish(f, 4096, 5);
+    vmmt_desc d = publish_then_exit(f, dir, path, 5);
     struct vmmt__desc x = decode(&d);
     size_t bytes = ((size_t)x.table_slots * x.slot_stride + 4095) / 4096 * 4096;
-    vmmt_pool_destroy(f->pool);
-    f->pool = NULL;
 
     /* Unsealed: anyone holding it could shrink it under everyone's mappings. */
     int t = memfd_create("unsealed", MFD_CLOEXEC);
