@@ -361,6 +361,26 @@ static int reply_status(const struct reply *rp, const char *where, const uint8_t
     return VMMT_OK;
 }
 
+int vmmt__brep_check(const uint8_t *buf, long len, int msg_flags, int nfds,
+                     const uint8_t pool_id[16], int want, const char *where)
+{
+    struct reply rp;
+
+    memset(&rp, 0, sizeof rp);
+    if (buf == NULL || len < 0 || pool_id == NULL || where == NULL)
+        return vmmt__fail(VMMT_EINVAL, PREFIX "reply check: buf, pool_id and where are required");
+    /* What recvmsg would have done with a longer packet: cut it and say so. */
+    if ((size_t)len > sizeof rp.buf) {
+        len = (long)sizeof rp.buf;
+        msg_flags |= MSG_TRUNC;
+    }
+    memcpy(rp.buf, buf, (size_t)len);
+    rp.len = len;
+    rp.msg_flags = msg_flags;
+    rp.nfds = nfds < 0 ? 0 : nfds;
+    return reply_status(&rp, where, pool_id, want);
+}
+
 /* One connection, request and reply; *s stays open for the caller. */
 static int attempt(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
                    const struct vmmt__broker_peer *expect, const char *where, int64_t deadline,

@@ -76,6 +76,16 @@ struct vmmt__bmsg {
 const char *vmmt__bmsg_parse(const uint8_t *buf, long n, int ranks, struct vmmt__bmsg *out,
                              char *why, size_t cap);
 
+/*
+ * The client's check of a reply of len bytes (docs/broker.md, "What a client
+ * must do and check", step 6) that came with nfds fds and recvmsg's
+ * msg_flags: VMMT_OK when it is a success reply for pool_id with exactly
+ * `want` fds, else the status and message a fetch fails with. Pure but for
+ * the thread's error message, so that fuzzers can call it.
+ */
+int vmmt__brep_check(const uint8_t *buf, long len, int msg_flags, int nfds,
+                     const uint8_t pool_id[16], int want, const char *where);
+
 /* Parse a request of n bytes: NULL when it is a valid request of this version, else why not. */
 const char *vmmt__breq_parse(const uint8_t *buf, long n, uint16_t *flags, uint8_t pool_id[16],
                              char *why, size_t cap);

@@ -1244,6 +1244,18 @@ static void test_wire_parsers(void **state)
     vmmt__put_u32(m + 12, 1); /* a goodbye carries nothing */
     assert_non_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why));
     assert_non_null(vmmt__bmsg_parse(m, 15, 4, &msg, why, sizeof why));
+
+    /* The client's side: a success reply for POOL with one fd, then what breaks it. */
+    uint8_t rep[VMMT__BREP_MAX + 8] = "VMBR\3\0\1\0";
+    memcpy(rep + 14, POOL, 16);
+    assert_vmmt_ok(vmmt__brep_check(rep, 30, 0, 1, POOL, 1, "@x"));
+    assert_int_equal(vmmt__brep_check(rep, 30, 0, 1, OTHER, 1, "@x"), VMMT_EPROTO);
+    assert_int_equal(vmmt__brep_check(rep, 30, 0, 2, POOL, 1, "@x"), VMMT_EPROTO);
+    assert_int_equal(vmmt__brep_check(rep, 31, 0, 1, POOL, 1, "@x"), VMMT_EPROTO);
+    assert_int_equal(vmmt__brep_check(rep, sizeof rep, 0, 1, POOL, 1, "@x"), VMMT_EPROTO);
+    assert_int_equal(vmmt__brep_check(rep, 0, 0, 0, POOL, 1, "@x"), VMMT_ECLOSED);
+    rep[12] = 201; /* msg_len past its bound */
+    assert_int_equal(vmmt__brep_check(rep, 30 + 201, 0, 1, POOL, 1, "@x"), VMMT_EPROTO);
 }
 
 static int warm_up(void **state)
