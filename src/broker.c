@@ -525,6 +525,13 @@ static void admit(struct vmmt__broker *b, int cfd, int64_t now)
         return;
     }
     evict_pending(b, cred.uid);
+    /* Cannot happen (pending and links have their own bounds, and eviction made room for
+     * this one), but the table must never overflow. */
+    if (b->nconns >= MAX_CONNS) {
+        count(&b->evicted);
+        drain_close(cfd);
+        return;
+    }
     int i = b->nconns++;
     b->conns[i] = (struct conn){.fd = cfd,
                                 .pidfd = -1,
@@ -540,7 +547,7 @@ static void admit(struct vmmt__broker *b, int cfd, int64_t now)
 
 static void accept_new(struct vmmt__broker *b, int64_t now)
 {
-    for (int k = 0; k < ACCEPTS_PER_ROUND && b->nconns < MAX_CONNS; k++) {
+    for (int k = 0; k < ACCEPTS_PER_ROUND; k++) {
         int cfd = accept4(b->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd >= 0) {
             admit(b, cfd, now);
@@ -638,10 +645,11 @@ static bool serve_round(struct vmmt__broker *b)
     struct pollfd *pfd = b->pfd;
     int64_t now = now_ms();
     int n = 2, r;
-    bool listening = b->nconns < MAX_CONNS && now >= b->accept_resume;
+    /* Never left out for being full: a new connection evicts an idle one. */
+    bool listening = now >= b->accept_resume;
 
     pfd[0] = (struct pollfd){.fd = b->wake_fd, .events = POLLIN};
-    /* A negative fd makes poll skip the listener while we are full or backing off. */
+    /* A negative fd makes poll skip the listener while we back off. */
     pfd[1] = (struct pollfd){.fd = listening ? b->listen_fd : -1, .events = POLLIN};
     for (int i = 0; i < b->nconns; i++) {
         const struct conn *c = &b->conns[i];

@@ -6,7 +6,8 @@
  *   hostile ADDRESS POOL_HEX32 UID MODE N MS
  *
  * Modes (N: connections or rounds; MS: how long to keep at it):
- *   idle       open N connections, send nothing, keep them MS
+ *   idle       open N connections, send nothing, keep them MS (or until the
+ *              test closes fd 3; likewise noread)
  *   closed     open one connection, send nothing; exit 0 if the broker
  *              closes it (or replies) within MS, 1 if not
  *   garbage    N rounds within MS: connect, send 1..100 random bytes, close
@@ -122,8 +123,11 @@ static int hold_open(int n, int ms, int send_request)
     }
     fprintf(stderr, "hostile: %d connection(s) open\n", opened);
     ready();
-    while (now_ms() < until)
-        poll(NULL, 0, 10);
+    /* Until MS pass, or the test closes its end of fd 3 (it is done with us). */
+    while (now_ms() < until) {
+        struct pollfd p = {.fd = 3, .events = POLLIN};
+        if (poll(&p, 1, 10) > 0) break;
+    }
     for (int i = 0; i < opened; i++)
         close(s[i]);
     free(s);

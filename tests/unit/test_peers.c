@@ -335,8 +335,8 @@ static void flood(struct fixture *f, const char *uid)
     double worst = legit_round(f, 10);
     print_message("1000 idle connections (uid %s): slowest legitimate first consume %.1f ms\n", uid,
                   worst);
-    assert_int_equal(tu_wait(pid, 20000), 0);
     close(sock);
+    assert_int_equal(tu_wait(pid, 20000), 0);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
@@ -377,6 +377,42 @@ static void test_refused_peer_closed_at_once(void **state)
     assert_int_equal(tu_wait(pid, 10000), 0);
     assert_true(now_ms() - t0 < 2000);
     assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, VMMT_ALL_RANKS, 0));
+}
+
+/*
+ * Every bound reached at once: 512 links (16 processes of two uids, 32 each:
+ * the per-process, per-uid and total bounds) and 64 idle connections (32 of
+ * each uid). A new connection must still be accepted, evicting an idle one.
+ */
+static void test_every_bound_reached(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(16 * MiB, 1);
+    const uint32_t nobody[] = {65534};
+    int sock[18];
+    pid_t pid[18];
+
+    if (geteuid() != 0) skip();
+    c.allowed_uids = nobody;
+    c.allowed_uid_count = 1;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    vmmt_desc d = publish(f, 4096, 0);
+    for (int k = 0; k < 16; k++)
+        pid[k] = hostile(&d, k % 2 ? "65534" : "-1", "noread", "32", "30000", &sock[k]);
+    for (int k = 0; k < 200 && stats(f->pool).consumer_links < VMMT_BROKER_MAX_HELD; k++)
+        sleep_ms(10);
+    assert_int_equal(stats(f->pool).consumer_links, VMMT_BROKER_MAX_HELD);
+    pid[16] = hostile(&d, "-1", "idle", "50", "30000", &sock[16]);
+    pid[17] = hostile(&d, "65534", "idle", "50", "30000", &sock[17]);
+    assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, VMMT_ALL_RANKS, 0));
+    double worst = legit_round(f, 40);
+    print_message("512 links and 64 idle connections: slowest legitimate first consume %.1f ms\n",
+                  worst);
+    assert_int_equal(stats(f->pool).consumer_links, VMMT_BROKER_MAX_HELD); /* all still there */
+    for (int k = 0; k < 18; k++) {
+        close(sock[k]);
+        assert_int_equal(tu_wait(pid[k], 20000), 0);
+    }
 }
 
 /* Each kind of hostile traffic, with legitimate consumers served meanwhile. */
@@ -668,6 +704,7 @@ int main(void)
         T(test_flood_other_user),
         T(test_refused_peer_closed_at_once),
         T(test_hostile_clients),
+        T(test_every_bound_reached),
         T(test_dead_consumer_host_table),
         T(test_dead_consumer_device_table),
         T(test_live_rank_not_robbed),
