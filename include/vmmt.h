@@ -315,6 +315,7 @@ VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
  * on their own when a consumer process dies (its broker connection closes
  * and the process is gone): see docs/broker.md. A live rank is never
  * released but by this call. VMMT_EINVAL for a rank outside the pool.
+ * Thread-safe; counted in vmmt_pool_stats.rank_releases and released_slices.
  */
 VMMT_API int vmmt_pool_release_rank(vmmt_pool *pool, int rank);
 
@@ -401,7 +402,9 @@ VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, i
 
 /*
  * Unmap a pool and forget it. Streams that consumed from it must be
- * synchronized first. VMMT_OK if it was not cached.
+ * synchronized first. VMMT_OK if it was not cached. The producer is told that
+ * this process lets go of the pool and lives on (its ranks are not released),
+ * as it is by vmmt_consumer_destroy.
  */
 VMMT_API int vmmt_consumer_evict(vmmt_consumer *consumer, const uint8_t pool_id[16], int device);
 
