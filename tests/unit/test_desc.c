@@ -160,6 +160,8 @@ static void test_round_trip(void **state)
     d = valid_fd();
     d.producer_device = INT32_MAX;
     d.producer_pid = INT32_MAX;
+    d.producer_uid = UINT32_MAX;
+    d.producer_pidns = UINT64_MAX;
     round_trip(&d);
 }
 
