@@ -42,15 +42,17 @@ struct s6_ctx {
 static int s6_fetch(struct s6_ctx *x, const vmmt_desc *desc)
 {
     struct vmmt__desc d;
+    struct vmmt__broker_peer producer;
     double t0;
     int st, fds[2] = {-1, -1};
 
     if (x->broker == NULL) return VMMT_OK;
     st = vmmt__desc_decode(desc->bytes, &d);
     if (st != VMMT_OK) return st;
+    vmmt__broker_expect(d.producer_uid, d.producer_pid, d.producer_pidns, &producer);
     t0 = bench_now_us();
-    st = vmmt__broker_fetch_fds(&d.broker, d.pool_id, 0, fds,
-                                (d.flags & VMMT__DESC_HOST_TABLE) ? 2 : 1);
+    st = vmmt__broker_fetch_fds(&d.broker, d.pool_id, &producer, 0, fds,
+                                (d.flags & VMMT__DESC_HOST_TABLE) ? 2 : 1, NULL);
     if (st == VMMT_OK && bench_series_add(x->broker, bench_now_us() - t0)) st = VMMT_ENOMEM;
     if (st == VMMT_OK && fds[1] >= 0 && x->table != NULL) {
         struct vmmt__ctrl t;

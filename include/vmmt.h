@@ -338,6 +338,15 @@ typedef struct vmmt_pool_config {
     uint64_t chunk_size;      /* rounded up to the granularity; 0 (default): 4 granularity units */
     uint64_t min_resident;    /* bytes kept resident from the start, whole chunks; default 0 */
     uint32_t idle_release_ms; /* default 1500 */
+    /*
+     * Backstop for consumers the pool cannot watch (FABRIC pools, consumers
+     * served without a liveness link): a rank that no live consumer process
+     * has announced on its broker link, and that leaves a slice
+     * unacknowledged for longer than this, is presumed dead and released as
+     * by vmmt_pool_release_rank. 0 (the default): never; a rank that a live
+     * process holds is never released this way.
+     */
+    int consumer_lease_ms;
 } vmmt_pool_config;
 
 /*
@@ -468,6 +477,19 @@ VMMT_API int vmmt_commit(vmmt_pool *pool, const vmmt_reservation *res, const vmm
 /* Recycle every acknowledged slice now; *freed (if not NULL) counts them. */
 VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
 
+/*
+ * Acknowledge, on behalf of consumer rank `rank`, every slice in flight now,
+ * and log how many. For an engine that learns of a rank's death itself, or
+ * restarts a rank under the same number: the rank's earlier descriptors
+ * must not be consumed after this call (their slices may hold new data by
+ * then). Slices published later still need the rank. POSIX_FD pools do this
+ * on their own when a consumer process dies (its broker connection closes
+ * and the process is gone): see docs/broker.md. A live rank is never
+ * released but by this call. VMMT_EINVAL for a rank outside the pool.
+ * Thread-safe; counted in vmmt_pool_stats.rank_releases and released_slices.
+ */
+VMMT_API int vmmt_pool_release_rank(vmmt_pool *pool, int rank);
+
 /* Wait until nothing is in flight, at most timeout_ms (>= 0); VMMT_ETIMEDOUT otherwise. */
 VMMT_API int vmmt_pool_drain(vmmt_pool *pool, int timeout_ms);
 
@@ -500,6 +522,10 @@ typedef struct vmmt_pool_stats {
     uint64_t chunk_bytes;    /* 0 for a fixed pool */
     uint64_t chunks_made;    /* chunks created (and exported) */
     uint64_t chunks_released;
+    /* Dead consumers: ranks released (a consumer process died, or vmmt_pool_release_rank). */
+    uint64_t rank_releases;
+    uint64_t released_slices; /* slices acknowledged on behalf of released ranks */
+    uint32_t consumer_links;  /* consumer processes whose liveness link is open now */
 } vmmt_pool_stats;
 
 VMMT_API int vmmt_pool_get_stats_size(vmmt_pool *pool, vmmt_pool_stats *out, size_t out_size);
@@ -627,7 +653,9 @@ VMMT_API int vmmt_consumer_check(vmmt_consumer *consumer, const vmmt_desc *desc)
  * Unmap a pool and forget it. VMMT_ESTATE while a call uses it, a copy out of
  * it has not finished (synchronize the streams that consumed from it) or a
  * packed group of it is half consumed. VMMT_OK if it was not cached. A
- * release that fails is retried later; the pool is never used again.
+ * release that fails is retried later; the pool is never used again. The
+ * producer is told that this process lets go of the pool and lives on (its
+ * ranks are not released), as it is by vmmt_consumer_destroy.
  */
 VMMT_API int vmmt_consumer_evict(vmmt_consumer *consumer, const uint8_t pool_id[16], int device);
 

@@ -1,218 +1,37 @@
 /*
- * The fd broker. The server is one thread polling a listening socket, an
- * eventfd for stop, and at most VMMT_BROKER_MAX_PENDING accepted connections,
- * each with its own deadline; every socket is non-blocking so that no client,
- * however slow or hostile, can hold the thread. One request per connection:
- * the thread answers (or times out) and closes. Wire format: docs/broker.md.
+ * The fd broker's server. One thread polls a listening socket, an eventfd
+ * for stop, connections awaiting their request, and liveness links (with
+ * their peers' pidfds); every socket is non-blocking so that no client,
+ * however slow or hostile, can hold the thread. Credentials are checked at
+ * accept, and a refused peer is closed at once. Connections awaiting a
+ * request are bounded per uid and in all; when full, the oldest of the peer
+ * holding the most is closed, so a flood of idle connections costs its
+ * sender its own connections and never stops the listener. Wire format and
+ * security model: docs/broker.md.
  */
-#include "broker.h"
+#include "broker_server.h"
 
 #include <errno.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
-#include <fcntl.h>
 
+#include "broker_wire.h"
+#include "clock.h"
 #include "status.h"
 
-#define PREFIX "CUDA VMM POSIX FD broker failed: "
-
-/*
- * Every version's request is 24 bytes, so that a broker of another version
- * reaches its version check (not its length check) and names both versions.
- * A client takes more fds than a broker may send, so that a surplus is seen
- * (and closed) rather than cut off.
- */
-#define PROTO_VERSION     2
-#define REQ_SIZE          24 /* magic 4, version 2, reserved 2, pool_id 16 */
-#define REPLY_HEAD        14 /* magic 4, version 2, nfds 1, reserved 1, status 4, msg_len 2 */
-#define REPLY_MSG_MAX     200
-#define REPLY_MAX         (REPLY_HEAD + REPLY_MSG_MAX)
-#define CLIENT_MAX_FDS    (2 * VMMT_BROKER_MAX_FDS)
-#define STOP_JOIN_MS      5000
-#define ACCEPT_BACKOFF_MS 100
-
-static const char REQ_MAGIC[4] = {'V', 'M', 'B', 'Q'};
-static const char REPLY_MAGIC[4] = {'V', 'M', 'B', 'R'};
-
-struct conn {
-    int fd;
-    int64_t deadline;
-};
-
-struct vmmt__broker {
-    int served_fds[VMMT_BROKER_MAX_FDS];
-    int nserved;
-    uint8_t pool_id[16];
-    uid_t euid;
-    uid_t *allowed;
-    size_t allowed_count;
-    int timeout_ms;
-    int (*resolve)(void *user, const uint8_t id[16], int fds[VMMT_BROKER_MAX_FDS]);
-    void *resolve_user;
-
-    int listen_fd;
-    int wake_fd;
-    struct vmmt__broker_addr addr;
-    bool path_bound;
-    dev_t path_dev; /* identity of the socket file we created, so stop unlinks only ours */
-    ino_t path_ino;
-
-    pthread_t thread;
-    struct conn conns[VMMT_BROKER_MAX_PENDING];
-    int nconns;
-    int64_t accept_resume; /* monotonic ms; listener ignored before this */
-
-    _Atomic uint64_t served, refused_peer, refused_pool, timed_out, malformed;
-};
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
 
 /* ---------------------------------------------------------------- helpers */
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int remaining_ms(int64_t deadline)
-{
-    int64_t left = deadline - now_ms();
-    return left < 0 ? 0 : (int)left;
-}
-
-static void close_fd(int *fd)
-{
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-}
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static void put_i32(uint8_t *p, int32_t v)
-{
-    uint32_t u = (uint32_t)v;
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(u >> (8 * i));
-}
-
-static int32_t get_i32(const uint8_t *p)
-{
-    uint32_t u = 0;
-    for (int i = 0; i < 4; i++)
-        u |= (uint32_t)p[i] << (8 * i);
-    return (int32_t)u;
-}
-
-/* The first four bytes in hex: enough to tell pools apart in a message. */
-static const char *short_id(const uint8_t id[16], char buf[9])
-{
-    snprintf(buf, 9, "%02x%02x%02x%02x", id[0], id[1], id[2], id[3]);
-    return buf;
-}
-
-const char *vmmt__broker_addr_format(const struct vmmt__broker_addr *addr, char *buf, size_t cap)
-{
-    size_t n = 0;
-
-    if (cap == 0) return buf;
-    buf[0] = '\0';
-    if (addr == NULL) return buf;
-    if (addr->kind == VMMT_BROKER_ADDR_ABSTRACT && cap > 1) buf[n++] = '@';
-    for (size_t i = 0; i < addr->len && i < sizeof addr->name && n + 1 < cap; i++) {
-        unsigned char c = (unsigned char)addr->name[i];
-        if (c >= 0x20 && c < 0x7f) {
-            buf[n++] = (char)c;
-        } else if (n + 5 < cap) {
-            snprintf(buf + n, 5, "\\x%02x", c);
-            n += 4;
-        } else {
-            break;
-        }
-    }
-    buf[n] = '\0';
-    return buf;
-}
-
-int vmmt__broker_addr_parse(const char *text, struct vmmt__broker_addr *out)
-{
-    size_t n;
-    int kind = VMMT_BROKER_ADDR_PATH;
-
-    if (text == NULL || out == NULL)
-        return vmmt__fail(VMMT_EINVAL, "broker address: text and out must not be NULL");
-    if (text[0] == '@') {
-        kind = VMMT_BROKER_ADDR_ABSTRACT;
-        text++;
-    }
-    n = strlen(text);
-    if (n == 0 || n > sizeof out->name - 1)
-        return vmmt__fail(VMMT_EINVAL,
-                          "broker address \"%s\" has %zu bytes; a name needs 1 to %zu bytes", text,
-                          n, sizeof out->name - 1);
-    memset(out, 0, sizeof *out);
-    out->kind = (uint8_t)kind;
-    out->len = (uint8_t)n;
-    memcpy(out->name, text, n);
-    return VMMT_OK;
-}
-
-static int addr_check(const struct vmmt__broker_addr *addr)
-{
-    if (addr->kind != VMMT_BROKER_ADDR_ABSTRACT && addr->kind != VMMT_BROKER_ADDR_PATH)
-        return vmmt__fail(VMMT_EINVAL,
-                          "broker address kind %u is unknown; expected 0 (abstract) or 1 (path)",
-                          addr->kind);
-    if (addr->len == 0 || addr->len > sizeof addr->name - 1)
-        return vmmt__fail(VMMT_EINVAL, "broker address length %u is outside 1..%zu", addr->len,
-                          sizeof addr->name - 1);
-    /* A path with a NUL inside would name a different file than the one printed. */
-    if (addr->kind == VMMT_BROKER_ADDR_PATH && memchr(addr->name, '\0', addr->len) != NULL)
-        return vmmt__fail(VMMT_EINVAL, "broker path contains a NUL byte");
-    return VMMT_OK;
-}
-
-static socklen_t to_sockaddr(const struct vmmt__broker_addr *addr, struct sockaddr_un *sun)
-{
-    memset(sun, 0, sizeof *sun);
-    sun->sun_family = AF_UNIX;
-    if (addr->kind == VMMT_BROKER_ADDR_ABSTRACT) {
-        memcpy(sun->sun_path + 1, addr->name, addr->len);
-        return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + addr->len);
-    }
-    memcpy(sun->sun_path, addr->name, addr->len);
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + addr->len + 1);
-}
-
-static int new_socket(void)
-{
-    return socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-}
-
-/* ------------------------------------------------------------------ server */
 
 static void count(_Atomic uint64_t *counter)
 {
@@ -227,13 +46,16 @@ static bool uid_allowed(const struct vmmt__broker *b, uid_t uid)
     return false;
 }
 
+/* ------------------------------------------------------------------ server */
+
 /*
- * Best effort: the peer may be gone, or hostile and not reading; either way
- * the connection is closed next, so a failure is only logged.
+ * Best effort: the peer may be gone, or hostile and not reading; a reply is
+ * one small packet, so a non-blocking send either fits or fails.
  */
-static bool send_reply(int cfd, int status, const char *msg, const int *fds, int nfds)
+static bool send_reply(const uint8_t id[16], int cfd, int status, const char *msg, const int *fds,
+                       int nfds, uint8_t flags)
 {
-    uint8_t buf[REPLY_MAX];
+    uint8_t buf[VMMT__BREP_MAX];
     union {
         struct cmsghdr h;
         char space[CMSG_SPACE(sizeof(int) * VMMT_BROKER_MAX_FDS)];
@@ -242,17 +64,20 @@ static bool send_reply(int cfd, int status, const char *msg, const int *fds, int
     struct msghdr mh;
     size_t len = msg ? strlen(msg) : 0;
 
-    if (len > REPLY_MSG_MAX) len = REPLY_MSG_MAX;
-    memcpy(buf, REPLY_MAGIC, 4);
-    put_u16(buf + 4, PROTO_VERSION);
+    if (len > VMMT__BREP_MSG_MAX) len = VMMT__BREP_MSG_MAX;
+    memset(buf, 0, VMMT__BREP_HEAD);
+    memcpy(buf, VMMT__BREP_MAGIC, 4);
+    vmmt__put_u16(buf + 4, VMMT__BROKER_PROTO);
     buf[6] = (uint8_t)nfds;
-    buf[7] = 0;
-    put_i32(buf + 8, status);
-    put_u16(buf + 12, (uint16_t)len);
-    if (len > 0) memcpy(buf + REPLY_HEAD, msg, len);
+    buf[7] = flags;
+    vmmt__put_u32(buf + 8, (uint32_t)status);
+    vmmt__put_u16(buf + 12, (uint16_t)len);
+    /* Only a success names the pool (or chunk) served: a refused peer learns nothing of it. */
+    if (status == VMMT_OK) memcpy(buf + 14, id, 16);
+    if (len > 0) memcpy(buf + VMMT__BREP_HEAD, msg, len);
 
     iov.iov_base = buf;
-    iov.iov_len = REPLY_HEAD + len;
+    iov.iov_len = VMMT__BREP_HEAD + len;
     memset(&mh, 0, sizeof mh);
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
@@ -274,105 +99,323 @@ static bool send_reply(int cfd, int status, const char *msg, const int *fds, int
     return true;
 }
 
-/* Why a request is malformed, or NULL when it is a request of our version. */
-static const char *request_problem(const uint8_t *req, ssize_t n, char *why, size_t cap)
+static int count_state(const struct vmmt__broker *b, enum conn_state st, bool by_uid, uid_t uid)
 {
-    if (n != REQ_SIZE) {
-        snprintf(why, cap, "request of %zd bytes; version %d requests have %d", n, PROTO_VERSION,
-                 REQ_SIZE);
-    } else if (memcmp(req, REQ_MAGIC, 4) != 0) {
-        snprintf(why, cap, "request does not start with \"VMBQ\"; is the client a vmmt consumer?");
-    } else if (get_u16(req + 4) != PROTO_VERSION) {
-        snprintf(why, cap,
-                 "request version %u is not supported; this broker speaks version %d: use the "
-                 "same vmmt version on producer and consumers",
-                 get_u16(req + 4), PROTO_VERSION);
-    } else if (get_u16(req + 6) != 0) {
-        snprintf(why, cap, "request reserved field is %u; it must be 0", get_u16(req + 6));
-    } else {
-        return NULL;
-    }
-    return why;
+    int n = 0;
+    for (int i = 0; i < b->nconns; i++)
+        if (b->conns[i].state == st && (!by_uid || b->conns[i].uid == uid)) n++;
+    return n;
 }
 
-/* Answer one readable connection. Returns false while no request has arrived yet. */
-static bool serve_conn(struct vmmt__broker *b, int cfd)
+static void drain_close(int cfd);
+
+static void remove_conn(struct vmmt__broker *b, int i)
 {
-    uint8_t req[REQ_SIZE + 1];
-    char msg[REPLY_MSG_MAX + 1], mine[9], theirs[9];
-    struct ucred cred;
-    socklen_t cl = sizeof cred;
+    if (b->conns[i].state != CONN_PENDING) atomic_fetch_sub(&b->held, 1);
+    if (b->conns[i].fd >= 0) drain_close(b->conns[i].fd);
+    b->conns[i].fd = -1;
+    vmmt__close_fd(&b->conns[i].pidfd);
+    b->conns[i] = b->conns[--b->nconns];
+}
+
+/*
+ * Watch the peer process itself, so that its death is an event even when a
+ * child it forked keeps the socket open. pidfd_open takes the pid SO_PEERCRED
+ * gave at connect; should that process be gone and its pid reused already,
+ * its socket is closed too, which the caller checks next (a poll for hang-up).
+ */
+static int open_pidfd(pid_t pid)
+{
+    if (pid <= 0) return -1;
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
+static bool readable_now(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return fd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+/* Keep a served connection as a liveness link, if the bounds allow. */
+static bool try_hold(struct vmmt__broker *b, int i)
+{
+    struct conn *c = &b->conns[i];
+
+    int of_pid = 0;
+
+    if (b->ranks <= 0) return false;
+    for (int j = 0; j < b->nconns; j++)
+        of_pid += b->conns[j].state != CONN_PENDING && b->conns[j].pid == c->pid;
+    if (count_state(b, CONN_HELD, false, 0) + count_state(b, CONN_ORPHAN, false, 0) >=
+            VMMT_BROKER_MAX_HELD ||
+        count_state(b, CONN_HELD, true, c->uid) + count_state(b, CONN_ORPHAN, true, c->uid) >=
+            VMMT_BROKER_HELD_PER_UID ||
+        of_pid >= VMMT_BROKER_HELD_PER_PID) {
+        /* Once per broker: a flood of such requests must not flood the log too. */
+        if (!b->warned_bounds)
+            vmmt__log(VMMT_LOG_WARN,
+                      "fd broker: uid %u pid %d asked for a liveness link beyond the bounds (%d "
+                      "per process, %d per uid, %d in all); it is served without one, so its "
+                      "death will not be noticed (warned once)",
+                      (unsigned)c->uid, (int)c->pid, VMMT_BROKER_HELD_PER_PID,
+                      VMMT_BROKER_HELD_PER_UID, VMMT_BROKER_MAX_HELD);
+        b->warned_bounds = true;
+        return false;
+    }
+    c->pidfd = open_pidfd(c->pid);
+    c->state = CONN_HELD;
+    memset(c->ranks, 0, sizeof c->ranks);
+    atomic_fetch_add(&b->held, 1);
+    return true;
+}
+
+/*
+ * Answer a pending connection whose request is readable. Returns false while
+ * no request has arrived yet; true once answered (the connection is then
+ * held, or closed and removed).
+ */
+static bool serve_request(struct vmmt__broker *b, int i)
+{
+    uint8_t req[VMMT__BREQ_SIZE + 1], want[16];
+    char msg[VMMT__BREP_MSG_MAX + 1], mine[9], theirs[9];
+    uint16_t flags = 0;
+    int cfd = b->conns[i].fd;
     ssize_t n;
 
     /* No control buffer: fds a hostile client attaches are discarded by the kernel. */
     n = recv(cfd, req, sizeof req, MSG_DONTWAIT | MSG_TRUNC);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
-    if (n < 0) {
+    if (n <= 0) {
         count(&b->malformed);
+        remove_conn(b, i);
         return true;
     }
-    /* Credentials first: an unknown peer learns nothing but that it is refused. */
+    vmmt__short_id(b->pool_id, mine);
+    if (vmmt__breq_parse(req, n, &flags, want, msg, sizeof msg) != NULL) {
+        send_reply(b->pool_id, cfd, VMMT_EPROTO, msg, NULL, 0, 0);
+        count(&b->malformed);
+        remove_conn(b, i);
+        return true;
+    }
+    if (memcmp(want, b->pool_id, 16) != 0 && b->resolve != NULL) {
+        /* An elastic pool's chunk: served once, never held (the pool's own fetch holds). */
+        int fds[VMMT_BROKER_MAX_FDS], nfds = b->resolve(b->resolve_user, want, fds);
+        if (nfds > 0) {
+            if (send_reply(want, cfd, VMMT_OK, NULL, fds, nfds, 0)) count(&b->served);
+            for (int k = 0; k < nfds; k++)
+                close(fds[k]);
+            remove_conn(b, i);
+            return true;
+        }
+    }
+    if (memcmp(want, b->pool_id, 16) != 0) {
+        snprintf(msg, sizeof msg,
+                 "pool %s is not served here: this vmmt broker serves pool %s; check the "
+                 "descriptor's pool id and broker address",
+                 vmmt__short_id(want, theirs), mine);
+        send_reply(b->pool_id, cfd, VMMT_EINVAL, msg, NULL, 0, 0);
+        count(&b->refused_pool);
+        remove_conn(b, i);
+        return true;
+    }
+    /* Held before the reply, so that the reply can say so; undone if the reply fails. */
+    bool held = (flags & VMMT__BREQ_HOLD) && try_hold(b, i);
+    if (!send_reply(b->pool_id, cfd, VMMT_OK, NULL, b->served_fds, b->nserved,
+                    held ? VMMT__BREP_HELD : 0)) {
+        remove_conn(b, i);
+        return true;
+    }
+    count(&b->served);
+    if (!held) remove_conn(b, i);
+    return true;
+}
+
+/* The ranks c held that no other live link holds: those lose their last holder with c. */
+static bool orphaned_ranks(const struct vmmt__broker *b, int i, uint64_t out[])
+{
+    bool any = false;
+
+    memcpy(out, b->conns[i].ranks, sizeof b->conns[i].ranks);
+    for (int j = 0; j < b->nconns; j++) {
+        if (j == i || b->conns[j].state == CONN_PENDING) continue;
+        for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+            out[w] &= ~b->conns[j].ranks[w];
+    }
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        any |= out[w] != 0;
+    return any;
+}
+
+/* The link's process is dead: hand its last-held ranks to the pool, then forget it. */
+static void link_died(struct vmmt__broker *b, int i)
+{
+    uint64_t ranks[VMMT_BROKER_RANK_WORDS];
+    pid_t pid = b->conns[i].pid;
+    uid_t uid = b->conns[i].uid;
+    bool any = orphaned_ranks(b, i, ranks);
+
+    count(&b->deaths);
+    remove_conn(b, i);
+    vmmt__log(VMMT_LOG_INFO, "fd broker: consumer pid %d (uid %u) died%s", (int)pid, (unsigned)uid,
+              any ? "; releasing the ranks it alone held" : "");
+    if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid);
+}
+
+/*
+ * The link's socket closed without a goodbye. Its process is dead, or about
+ * to be (the kernel closes a dying process's files before its pidfd reports
+ * the exit, and its GPU context goes with those files): with a pidfd, wait
+ * for the exit, so that no copy of the process can still run when its ranks
+ * are released; without one, the close is all there is to go by.
+ */
+static void link_closed(struct vmmt__broker *b, int i)
+{
+    struct conn *c = &b->conns[i];
+    bool any = false;
+
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        any |= c->ranks[w] != 0;
+    if (!any) {
+        /* It held no rank: nothing to release, whatever became of it. */
+        remove_conn(b, i);
+        return;
+    }
+    vmmt__close_fd(&c->fd);
+    if (c->pidfd >= 0 && !readable_now(c->pidfd)) {
+        /* One orphan per process is enough to watch it: merge into one already there. */
+        for (int j = 0; j < b->nconns; j++) {
+            if (j == i || b->conns[j].state != CONN_ORPHAN || b->conns[j].pid != c->pid) continue;
+            for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+                b->conns[j].ranks[w] |= c->ranks[w];
+            remove_conn(b, i);
+            return;
+        }
+        c->state = CONN_ORPHAN;
+        return;
+    }
+    link_died(b, i);
+}
+
+/* Read what a link sent; returns false when the link is gone (removed or orphaned). */
+static bool serve_link(struct vmmt__broker *b, int i)
+{
+    for (int k = 0; k < MSGS_PER_ROUND; k++) {
+        uint8_t buf[VMMT__BMSG_SIZE + 1];
+        char why[160];
+        struct vmmt__bmsg m;
+        ssize_t n = recv(b->conns[i].fd, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC);
+
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+        if (n <= 0) {
+            link_closed(b, i);
+            return false;
+        }
+        if (vmmt__bmsg_parse(buf, n, b->ranks, &m, why, sizeof why) != NULL) {
+            /* A broken client loses its link, and with it the release of its ranks should it
+             * die: its word can no longer be trusted either way. */
+            vmmt__log(VMMT_LOG_INFO,
+                      "fd broker: consumer pid %d (uid %u) sent a bad link message (%s); "
+                      "closing its link",
+                      (int)b->conns[i].pid, (unsigned)b->conns[i].uid, why);
+            count(&b->malformed);
+            remove_conn(b, i);
+            return false;
+        }
+        if (m.type == VMMT__BMSG_BYE) {
+            count(&b->goodbyes);
+            remove_conn(b, i);
+            return false;
+        }
+        for (uint32_t r = m.first; r < m.first + m.count; r++)
+            b->conns[i].ranks[r / 64] |= 1ull << (r % 64);
+    }
+    return true;
+}
+
+/* Make room for one more pending connection: close the oldest of the uid or pid with the most. */
+static void evict_pending(struct vmmt__broker *b, uid_t uid)
+{
+    int victim = -1, most = 0;
+    bool uid_full = count_state(b, CONN_PENDING, true, uid) >= VMMT_BROKER_PENDING_PER_UID;
+
+    if (!uid_full && count_state(b, CONN_PENDING, false, 0) < VMMT_BROKER_MAX_PENDING) return;
+    for (int i = 0; i < b->nconns; i++) {
+        const struct conn *c = &b->conns[i];
+        int n = 0;
+        if (c->state != CONN_PENDING || (uid_full && c->uid != uid)) continue;
+        for (int j = 0; j < b->nconns; j++)
+            n += b->conns[j].state == CONN_PENDING && b->conns[j].pid == c->pid;
+        if (n > most || (n == most && c->seq < b->conns[victim].seq)) {
+            most = n;
+            victim = i;
+        }
+    }
+    if (victim < 0) return;
+    count(&b->evicted);
+    remove_conn(b, victim);
+}
+
+/*
+ * Closing with a request unread makes the kernel report a reset to the peer
+ * ahead of the reply queued for it: read what is there first.
+ */
+static void drain_close(int cfd)
+{
+    uint8_t sink[64];
+    for (int i = 0; i < 4 && recv(cfd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++)
+        ;
+    close(cfd);
+}
+
+/* Credentials first: a peer that is not allowed is told so and closed at once. */
+static void admit(struct vmmt__broker *b, int cfd, int64_t now)
+{
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    char msg[VMMT__BREP_MSG_MAX + 1], mine[9];
+
     if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
         count(&b->refused_peer);
-        return true;
+        close(cfd);
+        return;
     }
-    short_id(b->pool_id, mine);
     if (!uid_allowed(b, cred.uid)) {
         snprintf(msg, sizeof msg,
                  "uid %u is not allowed by the vmmt broker of pool %s; add it to the pool's "
                  "allowed uids",
-                 (unsigned)cred.uid, mine);
-        send_reply(cfd, VMMT_EPERM, msg, NULL, 0);
+                 (unsigned)cred.uid, vmmt__short_id(b->pool_id, mine));
+        send_reply(b->pool_id, cfd, VMMT_EPERM, msg, NULL, 0, 0);
         count(&b->refused_peer);
-        return true;
+        drain_close(cfd);
+        return;
     }
-    if (request_problem(req, n, msg, sizeof msg) != NULL) {
-        send_reply(cfd, VMMT_EPROTO, msg, NULL, 0);
-        count(&b->malformed);
-        return true;
+    evict_pending(b, cred.uid);
+    /* Cannot happen (pending and links have their own bounds, and eviction made room for
+     * this one), but the table must never overflow. */
+    if (b->nconns >= MAX_CONNS) {
+        count(&b->evicted);
+        drain_close(cfd);
+        return;
     }
-    if (memcmp(req + 8, b->pool_id, 16) != 0 && b->resolve != NULL) {
-        int fds[VMMT_BROKER_MAX_FDS], nfds = b->resolve(b->resolve_user, req + 8, fds);
-        if (nfds > 0) {
-            if (send_reply(cfd, VMMT_OK, NULL, fds, nfds)) count(&b->served);
-            for (int i = 0; i < nfds; i++)
-                close(fds[i]);
-            return true;
-        }
-    }
-    if (memcmp(req + 8, b->pool_id, 16) != 0) {
-        snprintf(msg, sizeof msg,
-                 "pool %s is not served here: this vmmt broker serves pool %s; check the "
-                 "descriptor's pool id and broker address",
-                 short_id(req + 8, theirs), mine);
-        send_reply(cfd, VMMT_EINVAL, msg, NULL, 0);
-        count(&b->refused_pool);
-        return true;
-    }
-    if (send_reply(cfd, VMMT_OK, NULL, b->served_fds, b->nserved)) count(&b->served);
-    return true;
-}
-
-static void drop_conn(struct vmmt__broker *b, int i)
-{
-    close(b->conns[i].fd);
-    b->conns[i] = b->conns[--b->nconns];
+    int i = b->nconns++;
+    b->conns[i] = (struct conn){.fd = cfd,
+                                .pidfd = -1,
+                                .state = CONN_PENDING,
+                                .uid = cred.uid,
+                                .pid = cred.pid,
+                                .deadline = now + b->timeout_ms,
+                                .seq = ++b->seq};
+    /* A client sends its request right after connecting: it is usually here
+     * already, and answering now saves a round through poll. */
+    serve_request(b, i);
 }
 
 static void accept_new(struct vmmt__broker *b, int64_t now)
 {
-    while (b->nconns < VMMT_BROKER_MAX_PENDING) {
+    for (int k = 0; k < ACCEPTS_PER_ROUND; k++) {
         int cfd = accept4(b->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd >= 0) {
-            /* A client sends its request right after connecting: it is usually
-             * here already, and answering now saves a round through poll. */
-            if (serve_conn(b, cfd)) {
-                close(cfd);
-                continue;
-            }
-            b->conns[b->nconns].fd = cfd;
-            b->conns[b->nconns].deadline = now + b->timeout_ms;
-            b->nconns++;
+            admit(b, cfd, now);
             continue;
         }
         if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -387,729 +430,128 @@ static void accept_new(struct vmmt__broker *b, int64_t now)
     }
 }
 
-static void expire_conns(struct vmmt__broker *b, int64_t now)
+static void expire_pending(struct vmmt__broker *b, int64_t now)
 {
     for (int i = b->nconns - 1; i >= 0; i--) {
-        if (b->conns[i].deadline <= now) {
-            drop_conn(b, i);
+        if (b->conns[i].state == CONN_PENDING && b->conns[i].deadline <= now) {
+            remove_conn(b, i);
             count(&b->timed_out);
         }
     }
 }
 
-/* Poll timeout: until the nearest deadline or the end of an accept back-off. */
+/* Poll timeout: until the nearest request deadline or the end of an accept back-off. */
 static int next_timeout(const struct vmmt__broker *b, int64_t now)
 {
     int64_t next = INT64_MAX;
     for (int i = 0; i < b->nconns; i++)
-        if (b->conns[i].deadline < next) next = b->conns[i].deadline;
+        if (b->conns[i].state == CONN_PENDING && b->conns[i].deadline < next)
+            next = b->conns[i].deadline;
     if (b->accept_resume > now && b->accept_resume < next) next = b->accept_resume;
     if (next == INT64_MAX) return -1;
     return next <= now ? 0 : (int)(next - now);
 }
 
+/* Find a connection again by its accept number: handling one may reorder the table. */
+static int find_conn(const struct vmmt__broker *b, uint64_t seq)
+{
+    for (int i = 0; i < b->nconns; i++)
+        if (b->conns[i].seq == seq) return i;
+    return -1;
+}
+
+static void handle_event(struct vmmt__broker *b, const struct pollfd *p, uint64_t seq, bool pidfd)
+{
+    int i = find_conn(b, seq);
+
+    if (i < 0) return;
+    if (pidfd ? b->conns[i].pidfd != p->fd : b->conns[i].fd != p->fd) return;
+    if (pidfd) {
+        /* The process exited: whatever holds its socket, none of its copies can run now. */
+        if (b->conns[i].state != CONN_PENDING) link_died(b, i);
+        return;
+    }
+    if (b->conns[i].state == CONN_PENDING) {
+        if (p->revents & POLLIN) {
+            serve_request(b, i);
+        } else {
+            /* Hung up or failed before sending anything. */
+            remove_conn(b, i);
+            count(&b->malformed);
+        }
+        return;
+    }
+    if (b->conns[i].state == CONN_HELD) {
+        if ((p->revents & POLLIN) && !serve_link(b, i)) return;
+        /* Everything it sent is read: a hang-up now is its end. */
+        if (p->revents & (POLLHUP | POLLERR)) {
+            i = find_conn(b, seq);
+            if (i >= 0 && b->conns[i].fd == p->fd && !readable_now(p->fd)) link_closed(b, i);
+        }
+    }
+}
+
+/* Publish the ranks live links hold, for vmmt__broker_live_ranks. */
+static void update_live(struct vmmt__broker *b)
+{
+    uint64_t live[VMMT_BROKER_RANK_WORDS] = {0};
+
+    for (int i = 0; i < b->nconns; i++)
+        if (b->conns[i].state != CONN_PENDING)
+            for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+                live[w] |= b->conns[i].ranks[w];
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        atomic_store_explicit(&b->live[w], live[w], memory_order_relaxed);
+}
+
 /* One round of poll; returns false when stop was asked for. */
 static bool serve_round(struct vmmt__broker *b)
 {
-    struct pollfd pfd[2 + VMMT_BROKER_MAX_PENDING];
-    int fds_of[VMMT_BROKER_MAX_PENDING];
-    int64_t now = now_ms();
-    int n = b->nconns, r;
-    bool listening = b->nconns < VMMT_BROKER_MAX_PENDING && now >= b->accept_resume;
+    struct pollfd *pfd = b->pfd;
+    int64_t now = vmmt__now_ms();
+    int n = 2, r;
+    /* Never left out for being full: a new connection evicts an idle one. */
+    bool listening = now >= b->accept_resume;
 
     pfd[0] = (struct pollfd){.fd = b->wake_fd, .events = POLLIN};
-    /* A negative fd makes poll skip the listener while we are full or backing off. */
+    /* A negative fd makes poll skip the listener while we back off. */
     pfd[1] = (struct pollfd){.fd = listening ? b->listen_fd : -1, .events = POLLIN};
-    for (int i = 0; i < n; i++) {
-        pfd[2 + i] = (struct pollfd){.fd = b->conns[i].fd, .events = POLLIN};
-        fds_of[i] = b->conns[i].fd;
+    for (int i = 0; i < b->nconns; i++) {
+        const struct conn *c = &b->conns[i];
+        if (c->fd >= 0) {
+            b->who[n].seq = c->seq;
+            b->who[n].pidfd = false;
+            pfd[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
+        }
+        if (c->pidfd >= 0 && c->state != CONN_PENDING) {
+            b->who[n].seq = c->seq;
+            b->who[n].pidfd = true;
+            pfd[n++] = (struct pollfd){.fd = c->pidfd, .events = POLLIN};
+        }
     }
-    r = poll(pfd, (nfds_t)(2 + n), next_timeout(b, now));
+    r = poll(pfd, (nfds_t)n, next_timeout(b, now));
     if (r < 0 && errno != EINTR) {
         vmmt__log(VMMT_LOG_WARN, "fd broker: poll failed: %s; retrying", strerror(errno));
         /* Sleep a little rather than spin; stop still wakes us within that. */
         poll(pfd, 1, 10);
     }
-    if (pfd[0].revents != 0 && r > 0) return false;
-    now = now_ms();
-    /* drop_conn reorders the table, so find each connection again by its fd. */
-    for (int i = n - 1; i >= 0; i--) {
-        if (r <= 0 || pfd[2 + i].revents == 0) continue;
-        int j = b->nconns - 1;
-        while (j >= 0 && b->conns[j].fd != fds_of[i])
-            j--;
-        if (j < 0) continue;
-        if (pfd[2 + i].revents & POLLIN) {
-            if (serve_conn(b, fds_of[i])) drop_conn(b, j);
-        } else {
-            /* Hung up or failed before sending anything. */
-            drop_conn(b, j);
-            count(&b->malformed);
-        }
+    if (r > 0 && pfd[0].revents != 0) return false;
+    now = vmmt__now_ms();
+    for (int k = 2; r > 0 && k < n; k++) {
+        if (pfd[k].revents != 0) handle_event(b, &pfd[k], b->who[k].seq, b->who[k].pidfd);
     }
-    expire_conns(b, now);
+    expire_pending(b, now);
     if (r > 0 && (pfd[1].revents & POLLIN)) accept_new(b, now);
+    update_live(b);
     return true;
 }
 
-static void *broker_main(void *arg)
+void *vmmt__broker_main(void *arg)
 {
     struct vmmt__broker *b = arg;
     while (serve_round(b)) {
     }
     while (b->nconns > 0)
-        drop_conn(b, b->nconns - 1);
+        remove_conn(b, b->nconns - 1);
     return NULL;
-}
-
-/* ------------------------------------------------------------ server setup */
-
-static int bind_abstract(struct vmmt__broker *b, int s)
-{
-    struct sockaddr_un sun;
-    uint8_t rnd[16];
-
-    /* A clash of 128 random bits means the generator is broken; try a few times anyway. */
-    for (int attempt = 0; attempt < 3; attempt++) {
-        ssize_t got = -1;
-        do
-            got = getrandom(rnd, sizeof rnd, 0);
-        while (got < 0 && errno == EINTR);
-        if (got != (ssize_t)sizeof rnd)
-            return vmmt__sys_fail("getrandom for the abstract socket name");
-        b->addr.kind = VMMT_BROKER_ADDR_ABSTRACT;
-        b->addr.len = 5 + 32;
-        memcpy(b->addr.name, "vmmt-", 5);
-        for (int i = 0; i < 16; i++)
-            snprintf(b->addr.name + 5 + 2 * i, 3, "%02x", rnd[i]);
-        if (bind(s, (struct sockaddr *)&sun, to_sockaddr(&b->addr, &sun)) == 0) return VMMT_OK;
-        if (errno != EADDRINUSE) break;
-    }
-    return vmmt__sys_fail("bind to abstract socket @%.*s", (int)b->addr.len, b->addr.name);
-}
-
-/* Something is bound at the path: a live broker, a stale socket, or a file we must not touch. */
-static int path_in_use(const char *path)
-{
-    struct sockaddr_un sun;
-    struct vmmt__broker_addr a = {.kind = VMMT_BROKER_ADDR_PATH};
-    struct stat st;
-    int probe, r, err;
-
-    if (lstat(path, &st) != 0) return vmmt__sys_fail("lstat(%s)", path);
-    if (!S_ISSOCK(st.st_mode))
-        return vmmt__fail(VMMT_EINVAL,
-                          "cannot listen at %s: the path exists and is not a socket; "
-                          "vmmt never removes such a file: choose another path or remove it",
-                          path);
-    a.len = (uint8_t)strlen(path);
-    memcpy(a.name, path, a.len);
-    probe = new_socket();
-    if (probe < 0) return vmmt__sys_fail("socket to probe %s", path);
-    r = connect(probe, (struct sockaddr *)&sun, to_sockaddr(&a, &sun));
-    err = errno;
-    close(probe);
-    /* Only a refused connection proves nobody listens; a full backlog or another type is alive. */
-    if (r != 0 && err == ECONNREFUSED) return VMMT_OK;
-    return vmmt__fail(VMMT_EINVAL,
-                      "cannot listen at %s: a live socket is already there (%s); stop "
-                      "the process serving it or choose another path",
-                      path, r == 0 ? "it accepted a connection" : strerror(err));
-}
-
-static bool others_allowed(const struct vmmt__broker *b)
-{
-    for (size_t i = 0; i < b->allowed_count; i++)
-        if (b->allowed[i] != b->euid) return true;
-    return false;
-}
-
-static int bind_path(struct vmmt__broker *b, int s, const char *path)
-{
-    struct sockaddr_un sun;
-    struct stat st;
-    size_t n = strlen(path);
-    socklen_t sl;
-    int rc = VMMT_OK;
-
-    if (n == 0 || n > sizeof b->addr.name - 1)
-        return vmmt__fail(VMMT_EINVAL,
-                          "socket path \"%s\" has %zu bytes; AF_UNIX allows 1 to %zu: "
-                          "choose a shorter path",
-                          path, n, sizeof b->addr.name - 1);
-    b->addr.kind = VMMT_BROKER_ADDR_PATH;
-    b->addr.len = (uint8_t)n;
-    memcpy(b->addr.name, path, n);
-    sl = to_sockaddr(&b->addr, &sun);
-    if (bind(s, (struct sockaddr *)&sun, sl) != 0) {
-        if (errno != EADDRINUSE) return vmmt__sys_fail("bind to %s", path);
-        rc = path_in_use(path);
-        if (rc != VMMT_OK) return rc;
-        if (unlink(path) != 0 && errno != ENOENT)
-            return vmmt__sys_fail("remove stale socket %s", path);
-        vmmt__log(VMMT_LOG_INFO, "replaced the stale socket file %s", path);
-        if (bind(s, (struct sockaddr *)&sun, sl) != 0)
-            return vmmt__sys_fail("bind to %s after removing a stale socket", path);
-    }
-    if (lstat(path, &st) != 0) {
-        rc = vmmt__sys_fail("lstat(%s) right after bind", path);
-        unlink(path); /* nobody else can have replaced it yet: we just created it */
-        return rc;
-    }
-    b->path_dev = st.st_dev;
-    b->path_ino = st.st_ino;
-    b->path_bound = true;
-    /* Nobody can connect before listen(), so fixing the mode now leaves no window. */
-    if (chmod(path, others_allowed(b) ? 0666 : 0600) != 0) return vmmt__sys_fail("chmod %s", path);
-    return VMMT_OK;
-}
-
-/* Unlink the socket file only if it is still the one we created. */
-static void unlink_path(struct vmmt__broker *b)
-{
-    char path[sizeof b->addr.name];
-    struct stat st;
-
-    if (!b->path_bound) return;
-    memcpy(path, b->addr.name, b->addr.len);
-    path[b->addr.len] = '\0';
-    if (lstat(path, &st) == 0 && st.st_dev == b->path_dev && st.st_ino == b->path_ino) unlink(path);
-    b->path_bound = false;
-}
-
-static int open_listener(struct vmmt__broker *b, const char *path)
-{
-    int s = new_socket(), st;
-
-    if (s < 0) return vmmt__sys_fail("socket(AF_UNIX, SOCK_SEQPACKET)");
-    st = path ? bind_path(b, s, path) : bind_abstract(b, s);
-    if (st != VMMT_OK) goto fail;
-    if (listen(s, VMMT_BROKER_MAX_PENDING) != 0) {
-        st = vmmt__sys_fail("listen");
-        goto fail;
-    }
-    b->listen_fd = s;
-    return VMMT_OK;
-fail:
-    unlink_path(b);
-    close(s);
-    return st;
-}
-
-static int check_config(const int *fds, int nfds, const uint8_t *pool_id,
-                        const struct vmmt__broker_config *cfg, struct vmmt__broker **out)
-{
-    if (out == NULL || pool_id == NULL || fds == NULL)
-        return vmmt__fail(VMMT_EINVAL, "fds, pool_id and out must not be NULL");
-    if (nfds < 1 || nfds > VMMT_BROKER_MAX_FDS)
-        return vmmt__fail(VMMT_EINVAL, "nfds is %d; a broker serves 1 to %d fds", nfds,
-                          VMMT_BROKER_MAX_FDS);
-    for (int i = 0; i < nfds; i++)
-        if (fds[i] < 0)
-            return vmmt__fail(VMMT_EINVAL, "fds[%d] is %d, not a file descriptor", i, fds[i]);
-    if (cfg == NULL) return VMMT_OK;
-    if (cfg->allowed_count > 0 && cfg->allowed_uids == NULL)
-        return vmmt__fail(VMMT_EINVAL, "allowed_count is %zu but allowed_uids is NULL",
-                          cfg->allowed_count);
-    if (cfg->allowed_count > 65536)
-        return vmmt__fail(VMMT_EINVAL, "allowed_count %zu is more than 65536", cfg->allowed_count);
-    if (cfg->timeout_ms < 0)
-        return vmmt__fail(VMMT_EINVAL, "timeout_ms is %d; use a positive number, or 0 for %d",
-                          cfg->timeout_ms, VMMT_BROKER_DEFAULT_TIMEOUT_MS);
-    return VMMT_OK;
-}
-
-static int copy_config(struct vmmt__broker *b, const struct vmmt__broker_config *cfg)
-{
-    b->timeout_ms = VMMT_BROKER_DEFAULT_TIMEOUT_MS;
-    if (cfg == NULL) return VMMT_OK;
-    if (cfg->timeout_ms > 0) b->timeout_ms = cfg->timeout_ms;
-    b->resolve = cfg->resolve;
-    b->resolve_user = cfg->resolve_user;
-    if (cfg->allowed_count == 0) return VMMT_OK;
-    /* The caller's array need not outlive start. */
-    b->allowed = calloc(cfg->allowed_count, sizeof *b->allowed);
-    if (b->allowed == NULL)
-        return vmmt__fail(VMMT_ENOMEM, "no memory for %zu allowed uids", cfg->allowed_count);
-    memcpy(b->allowed, cfg->allowed_uids, cfg->allowed_count * sizeof *b->allowed);
-    b->allowed_count = cfg->allowed_count;
-    return VMMT_OK;
-}
-
-/* The thread takes no signals: they belong to the application's own threads. */
-static int start_thread(struct vmmt__broker *b)
-{
-    sigset_t all, old;
-    int err;
-
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    err = pthread_create(&b->thread, NULL, broker_main, b);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (err != 0) {
-        errno = err;
-        return vmmt__sys_fail("pthread_create");
-    }
-    pthread_setname_np(b->thread, "vmmt-broker");
-    return VMMT_OK;
-}
-
-/* The broker's own copies: the caller may close its fds as soon as start returns. */
-static int dup_served(struct vmmt__broker *b, const int *fds, int nfds)
-{
-    for (int i = 0; i < nfds; i++) {
-        b->served_fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
-        if (b->served_fds[i] < 0) return vmmt__sys_fail("dup of the pool's fds[%d] %d", i, fds[i]);
-        b->nserved = i + 1;
-    }
-    return VMMT_OK;
-}
-
-static void close_served(struct vmmt__broker *b)
-{
-    for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
-        close_fd(&b->served_fds[i]);
-    b->nserved = 0;
-}
-
-int vmmt__broker_start_fds(const int *fds, int nfds, const uint8_t pool_id[16],
-                           const struct vmmt__broker_config *cfg, struct vmmt__broker **out)
-{
-    struct vmmt__broker *b;
-    char id[9] = "?";
-    int st;
-
-    if (out != NULL) *out = NULL;
-    st = check_config(fds, nfds, pool_id, cfg, out);
-    if (st != VMMT_OK) goto fail_args;
-    b = calloc(1, sizeof *b);
-    if (b == NULL) return vmmt__fail(VMMT_ENOMEM, "no memory for the broker");
-    b->listen_fd = b->wake_fd = -1;
-    for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
-        b->served_fds[i] = -1;
-    memcpy(b->pool_id, pool_id, 16);
-    b->euid = geteuid();
-    st = copy_config(b, cfg);
-    if (st != VMMT_OK) goto fail_free;
-    st = dup_served(b, fds, nfds);
-    if (st != VMMT_OK) goto fail_served;
-    b->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (b->wake_fd < 0) {
-        st = vmmt__sys_fail("eventfd");
-        goto fail_served;
-    }
-    st = open_listener(b, cfg ? cfg->path : NULL);
-    if (st != VMMT_OK) goto fail_wake;
-    st = start_thread(b);
-    if (st != VMMT_OK) goto fail_listener;
-    *out = b;
-    return VMMT_OK;
-
-fail_listener:
-    close_fd(&b->listen_fd);
-    unlink_path(b);
-fail_wake:
-    close_fd(&b->wake_fd);
-fail_served:
-    close_served(b);
-fail_free:
-    free(b->allowed);
-    free(b);
-fail_args:
-    if (pool_id != NULL) short_id(pool_id, id);
-    return vmmt__wrap(st, "cannot start the CUDA VMM POSIX FD broker of pool %s", id);
-}
-
-int vmmt__broker_start(int fd, const uint8_t pool_id[16], const struct vmmt__broker_config *cfg,
-                       struct vmmt__broker **out)
-{
-    return vmmt__broker_start_fds(&fd, 1, pool_id, cfg, out);
-}
-
-const struct vmmt__broker_addr *vmmt__broker_address(const struct vmmt__broker *b)
-{
-    return b ? &b->addr : NULL;
-}
-
-void vmmt__broker_stop(struct vmmt__broker *b)
-{
-    struct timespec until;
-    uint64_t one = 1;
-    int err;
-
-    if (b == NULL) return;
-    /* The eventfd is non-blocking and far from overflow: the write cannot fail here. */
-    if (write(b->wake_fd, &one, sizeof one) != (ssize_t)sizeof one)
-        vmmt__log(VMMT_LOG_ERROR, "fd broker: cannot wake the thread: %s", strerror(errno));
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += STOP_JOIN_MS / 1000;
-    err = pthread_timedjoin_np(b->thread, NULL, &until);
-    if (err != 0) {
-        /* The thread never blocks outside poll, so this is a bug; leaking beats a use after free.
-         */
-        vmmt__log(VMMT_LOG_ERROR,
-                  "fd broker: thread did not stop within %d ms (%s); leaving it and its memory",
-                  STOP_JOIN_MS, strerror(err));
-        return;
-    }
-    close_fd(&b->listen_fd);
-    unlink_path(b);
-    close_fd(&b->wake_fd);
-    close_served(b);
-    free(b->allowed);
-    free(b);
-}
-
-void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats *out)
-{
-    if (out == NULL) return;
-    memset(out, 0, sizeof *out);
-    if (b == NULL) return;
-    out->served = atomic_load_explicit(&b->served, memory_order_relaxed);
-    out->refused_peer = atomic_load_explicit(&b->refused_peer, memory_order_relaxed);
-    out->refused_pool = atomic_load_explicit(&b->refused_pool, memory_order_relaxed);
-    out->timed_out = atomic_load_explicit(&b->timed_out, memory_order_relaxed);
-    out->malformed = atomic_load_explicit(&b->malformed, memory_order_relaxed);
-}
-
-/* ------------------------------------------------------------------ client */
-
-/* Wait for events on fd until deadline: 1 ready, 0 timed out, -1 failed (errno). */
-static int wait_fd(int fd, short events, int64_t deadline)
-{
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = events};
-        int r = poll(&p, 1, remaining_ms(deadline));
-        if (r > 0) return 1;
-        if (r == 0) return 0;
-        if (errno != EINTR) return -1;
-    }
-}
-
-static int connect_failed(const struct vmmt__broker_addr *addr, const char *where, int err)
-{
-    const char *hint = "is the producer running, and does the descriptor name its broker?";
-
-    if (err == EACCES || err == EPERM)
-        hint = "the socket file's permissions refuse this user; ask the producer to add this "
-               "uid to the pool's allowed uids";
-    else if (addr->kind == VMMT_BROKER_ADDR_ABSTRACT && err == ECONNREFUSED)
-        hint = "is the producer running? abstract sockets exist per network namespace: across "
-               "containers, give the broker a filesystem path";
-    return vmmt__fail(VMMT_ESYS, PREFIX "cannot connect to %s: %s; %s", where, strerror(err), hint);
-}
-
-static int client_connect(const struct vmmt__broker_addr *addr, const char *where, int64_t deadline,
-                          int timeout_ms, int *out)
-{
-    struct sockaddr_un sun;
-    socklen_t sl = to_sockaddr(addr, &sun);
-    int s = new_socket(), err = 0;
-    socklen_t el = sizeof err;
-
-    if (s < 0) return vmmt__sys_fail(PREFIX "socket(AF_UNIX, SOCK_SEQPACKET)");
-    /* AF_UNIX answers EAGAIN when the listener's backlog is full: retry until the deadline. */
-    while (connect(s, (struct sockaddr *)&sun, sl) != 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN && remaining_ms(deadline) > 0) {
-            poll(NULL, 0, remaining_ms(deadline) < 5 ? remaining_ms(deadline) : 5);
-            continue;
-        }
-        if (errno == EAGAIN) {
-            close(s);
-            return vmmt__fail(VMMT_ETIMEDOUT,
-                              PREFIX "cannot connect to %s within %d ms: its backlog stays full; "
-                                     "is the producer alive?",
-                              where, timeout_ms);
-        }
-        if (errno != EINPROGRESS) {
-            err = errno;
-            close(s);
-            return connect_failed(addr, where, err);
-        }
-        int r = wait_fd(s, POLLOUT, deadline);
-        if (r == 0) {
-            close(s);
-            return vmmt__fail(VMMT_ETIMEDOUT,
-                              PREFIX "cannot connect to %s within %d ms; is the producer alive?",
-                              where, timeout_ms);
-        }
-        if (r < 0 || getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
-        if (err != 0) {
-            close(s);
-            return connect_failed(addr, where, err);
-        }
-        break;
-    }
-    *out = s;
-    return VMMT_OK;
-}
-
-static int client_send(int s, const uint8_t pool_id[16], const char *where, int64_t deadline,
-                       int timeout_ms)
-{
-    uint8_t req[REQ_SIZE];
-
-    memcpy(req, REQ_MAGIC, 4);
-    put_u16(req + 4, PROTO_VERSION);
-    put_u16(req + 6, 0);
-    memcpy(req + 8, pool_id, 16);
-    for (;;) {
-        if (send(s, req, sizeof req, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof req)
-            return VMMT_OK;
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return vmmt__sys_fail(PREFIX "cannot send the request to %s", where);
-        int r = wait_fd(s, POLLOUT, deadline);
-        if (r == 0)
-            return vmmt__fail(VMMT_ETIMEDOUT,
-                              PREFIX "cannot send to %s within %d ms; is the producer alive?",
-                              where, timeout_ms);
-        if (r < 0) return vmmt__sys_fail(PREFIX "poll on the socket to %s", where);
-    }
-}
-
-struct reply {
-    uint8_t buf[REPLY_MAX + 1];
-    ssize_t len;
-    int msg_flags;
-    int fds[CLIENT_MAX_FDS];
-    int nfds;
-};
-
-/* Take every fd out of the control data so that none can leak, whatever the reply says. */
-static void collect_fds(struct msghdr *mh, struct reply *rp)
-{
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c != NULL; c = CMSG_NXTHDR(mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < n; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-            if (rp->nfds < CLIENT_MAX_FDS)
-                rp->fds[rp->nfds++] = fd;
-            else
-                close(fd);
-        }
-    }
-}
-
-static int client_recv(int s, const char *where, int64_t deadline, int timeout_ms, struct reply *rp)
-{
-    union {
-        struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int) * CLIENT_MAX_FDS)];
-    } ctl;
-    struct iovec iov = {.iov_base = rp->buf, .iov_len = sizeof rp->buf};
-    struct msghdr mh;
-
-    for (;;) {
-        int r = wait_fd(s, POLLIN, deadline);
-        if (r == 0)
-            return vmmt__fail(VMMT_ETIMEDOUT,
-                              PREFIX "no reply from %s within %d ms; is the producer alive?", where,
-                              timeout_ms);
-        if (r < 0) return vmmt__sys_fail(PREFIX "poll on the socket to %s", where);
-        memset(&mh, 0, sizeof mh);
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
-        mh.msg_control = ctl.space;
-        mh.msg_controllen = sizeof ctl.space;
-        rp->len = recvmsg(s, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        if (rp->len >= 0) break;
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-        return vmmt__sys_fail(PREFIX "cannot read the reply from %s", where);
-    }
-    rp->msg_flags = mh.msg_flags;
-    collect_fds(&mh, rp);
-    return VMMT_OK;
-}
-
-/* Replace what is not printable: the peer's text ends up in our messages and logs. */
-static void clean_text(char *dst, const uint8_t *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        dst[i] = (src[i] >= 0x20 && src[i] < 0x7f) ? (char)src[i] : '?';
-    dst[n] = '\0';
-}
-
-/*
- * The text after the header, sanitised, when the reply's length agrees with its
- * msg_len; false otherwise. Every version so far puts msg_len at the same place.
- */
-static bool reply_text(const struct reply *rp, char msg[REPLY_MSG_MAX + 1])
-{
-    uint16_t mlen = get_u16(rp->buf + 12);
-
-    msg[0] = '\0';
-    if (mlen > REPLY_MSG_MAX || rp->len != REPLY_HEAD + mlen) return false;
-    clean_text(msg, rp->buf + REPLY_HEAD, mlen);
-    return true;
-}
-
-static int no_fds(const struct reply *rp, const char *where, const uint8_t pool_id[16])
-{
-    char id[9];
-
-    return vmmt__fail(VMMT_EPROTO,
-                      PREFIX "broker returned no file descriptor for pool %s at %s: %s",
-                      short_id(pool_id, id), where,
-                      (rp->msg_flags & MSG_CTRUNC)
-                          ? "the kernel dropped it (MSG_CTRUNC); is this process at its "
-                            "open-file limit (ulimit -n)?"
-                          : "the success reply carried no SCM_RIGHTS data; is the server a "
-                            "vmmt broker?");
-}
-
-/* VMMT_OK when rp is a success reply carrying exactly `want` fds. */
-static int reply_status(const struct reply *rp, const char *where, const uint8_t pool_id[16],
-                        int want)
-{
-    char msg[REPLY_MSG_MAX + 1];
-    unsigned version, announced;
-    int32_t status;
-
-    if (rp->len == 0)
-        return vmmt__fail(VMMT_ECLOSED,
-                          PREFIX "%s closed the connection without a reply; the producer may be "
-                                 "stopping, or it gave up on this client",
-                          where);
-    if ((rp->msg_flags & MSG_TRUNC) || rp->len < REPLY_HEAD || memcmp(rp->buf, REPLY_MAGIC, 4) != 0)
-        return vmmt__fail(
-            VMMT_EPROTO, PREFIX "malformed reply from %s (%zd bytes, %s); is it a vmmt broker?",
-            where, rp->len,
-            rp->len >= 4 && memcmp(rp->buf, REPLY_MAGIC, 4) == 0 ? "bad length" : "no VMBR magic");
-    /* Before anything else in the header: the other fields may mean something else there. */
-    version = get_u16(rp->buf + 4);
-    if (version != PROTO_VERSION) {
-        /* Its text, if it has one, is likely its own version complaint: worth passing on. */
-        bool said = reply_text(rp, msg) && msg[0] != '\0';
-        return vmmt__fail(VMMT_EPROTO,
-                          PREFIX "%s speaks broker protocol version %u, this build speaks %d: use "
-                                 "the same vmmt version on producer and consumers%s%s%s",
-                          where, version, PROTO_VERSION, said ? " (it said: \"" : "",
-                          said ? msg : "", said ? "\")" : "");
-    }
-    if (!reply_text(rp, msg))
-        return vmmt__fail(VMMT_EPROTO,
-                          PREFIX "malformed reply from %s: message length %u in a %zd-byte reply",
-                          where, get_u16(rp->buf + 12), rp->len);
-    status = get_i32(rp->buf + 8);
-    if (status < VMMT_ETOOBIG || status > VMMT_OK)
-        return vmmt__fail(VMMT_EPROTO, PREFIX "%s replied with unknown status %d: %s", where,
-                          (int)status, msg);
-    if (status != VMMT_OK) return vmmt__fail(status, PREFIX "%s", msg);
-    if (rp->nfds == 0) return no_fds(rp, where, pool_id);
-    announced = rp->buf[6];
-    if (announced < 1 || announced > VMMT_BROKER_MAX_FDS)
-        return vmmt__fail(VMMT_EPROTO,
-                          PREFIX "malformed reply from %s: it announces %u file descriptors; a "
-                                 "broker sends 1 to %d",
-                          where, announced, VMMT_BROKER_MAX_FDS);
-    if ((unsigned)rp->nfds != announced)
-        return vmmt__fail(VMMT_EPROTO, PREFIX "%s announced %u file descriptor(s) but %d arrived%s",
-                          where, announced, rp->nfds,
-                          (rp->msg_flags & MSG_CTRUNC)
-                              ? "; the kernel dropped some (MSG_CTRUNC): is this process at its "
-                                "open-file limit (ulimit -n)?"
-                              : "");
-    if (rp->nfds != want)
-        return vmmt__fail(VMMT_EPROTO,
-                          PREFIX "broker returned %d file descriptor(s), expected %d, from %s; "
-                                 "use the same vmmt version on producer and consumers",
-                          rp->nfds, want, where);
-    return VMMT_OK;
-}
-
-static int fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
-                     int timeout_ms, int *fds_out, int want, int *pidfd_out)
-{
-    char where[4 * sizeof addr->name + 2];
-    struct reply rp;
-    int64_t deadline;
-    int s = -1, st;
-
-    if (fds_out != NULL)
-        for (int i = 0; i < want && i < VMMT_BROKER_MAX_FDS; i++)
-            fds_out[i] = -1;
-    if (addr == NULL || pool_id == NULL || fds_out == NULL)
-        return vmmt__fail(VMMT_EINVAL, PREFIX "addr, pool_id and fds_out must not be NULL");
-    if (want < 1 || want > VMMT_BROKER_MAX_FDS)
-        return vmmt__fail(VMMT_EINVAL, PREFIX "want is %d; a broker serves 1 to %d fds", want,
-                          VMMT_BROKER_MAX_FDS);
-    if (timeout_ms < 0)
-        return vmmt__fail(VMMT_EINVAL,
-                          PREFIX "timeout_ms is %d; use a positive number, or 0 "
-                                 "for %d",
-                          timeout_ms, VMMT_BROKER_DEFAULT_TIMEOUT_MS);
-    if (timeout_ms == 0) timeout_ms = VMMT_BROKER_DEFAULT_TIMEOUT_MS;
-    st = addr_check(addr);
-    if (st != VMMT_OK) return vmmt__wrap(st, PREFIX "bad address");
-    vmmt__broker_addr_format(addr, where, sizeof where);
-    deadline = now_ms() + timeout_ms;
-    memset(&rp, 0, sizeof rp);
-
-    st = client_connect(addr, where, deadline, timeout_ms, &s);
-    if (st != VMMT_OK) goto out;
-    st = client_send(s, pool_id, where, deadline, timeout_ms);
-    if (st != VMMT_OK) goto out;
-    st = client_recv(s, where, deadline, timeout_ms, &rp);
-    if (st != VMMT_OK) goto out;
-    st = reply_status(&rp, where, pool_id, want);
-    if (st != VMMT_OK) goto out;
-    /* Handed over: the caller owns them now, so the cleanup below must not close them. */
-    memcpy(fds_out, rp.fds, sizeof(int) * (size_t)want);
-    rp.nfds = 0;
-    if (pidfd_out != NULL) *pidfd_out = vmmt__broker_peer_pidfd(s);
-out:
-    for (int i = 0; i < rp.nfds; i++)
-        close(rp.fds[i]);
-    close_fd(&s);
-    return st;
-}
-
-int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
-                           int timeout_ms, int *fds_out, int want)
-{
-    return fetch_fds(addr, pool_id, timeout_ms, fds_out, want, NULL);
-}
-
-/*
- * The process at the other end of a connected socket, as a pidfd, or -1.
- * SO_PEERPIDFD (Linux 6.5) names the very process; before it, SO_PEERCRED's
- * pid opened at once, while the connection is fresh (a pid recycled in the
- * microseconds between is not a practical risk). 0 from SO_PEERCRED means a
- * peer in a pid namespace this process cannot see: no pidfd then.
- */
-#ifndef SO_PEERPIDFD
-#define SO_PEERPIDFD 77
-#endif
-int vmmt__broker_peer_pidfd(int sock)
-{
-    struct ucred cr;
-    socklen_t len;
-    int fd = -1;
-
-    len = sizeof fd;
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) return fd;
-    len = sizeof cr;
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || cr.pid <= 0) return -1;
-    fd = (int)syscall(SYS_pidfd_open, (pid_t)cr.pid, 0);
-    return fd >= 0 ? fd : -1;
-}
-
-int vmmt__broker_fetch_fds_pidfd(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
-                                 int timeout_ms, int *fds_out, int want, int *pidfd_out)
-{
-    if (pidfd_out != NULL) *pidfd_out = -1;
-    return fetch_fds(addr, pool_id, timeout_ms, fds_out, want, pidfd_out);
-}
-
-int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
-                       int timeout_ms, int *fd_out)
-{
-    /* Checked here so that the message names this function's parameter. */
-    if (fd_out == NULL)
-        return vmmt__fail(VMMT_EINVAL, PREFIX "addr, pool_id and fd_out must not be NULL");
-    return vmmt__broker_fetch_fds(addr, pool_id, timeout_ms, fd_out, 1);
 }

@@ -1,8 +1,12 @@
 /*
  * The file-descriptor broker: a producer serves its pool's exported fds (the
- * device allocation's POSIX fd, the control table's memfd) to consumer processes over an AF_UNIX
- * SOCK_SEQPACKET socket (SCM_RIGHTS), after checking each peer's credentials. Protocol and security
- * model: docs/broker.md.
+ * device allocation's POSIX fd, the control table's memfd) to consumer
+ * processes over an AF_UNIX SOCK_SEQPACKET socket (SCM_RIGHTS), after
+ * checking each peer's credentials; consumers check the server's credentials
+ * in turn. A consumer may keep its connection open as a liveness link: the
+ * producer learns of the consumer process's death when the link closes (or
+ * its pidfd fires), and the consumer learns of the producer's when the
+ * producer's end closes. Protocol and security model: docs/broker.md.
  */
 #ifndef VMMT_BROKER_H
 #define VMMT_BROKER_H
@@ -17,20 +21,41 @@
 #define VMMT_BROKER_ADDR_PATH     1
 
 #define VMMT_BROKER_DEFAULT_TIMEOUT_MS 2000
-#define VMMT_BROKER_MAX_PENDING        64
+#define VMMT_BROKER_MAX_PENDING        64  /* connections awaiting their request, all peers */
+#define VMMT_BROKER_PENDING_PER_UID    32  /* ... of one uid */
+#define VMMT_BROKER_MAX_HELD           512 /* liveness links, all peers */
+#define VMMT_BROKER_HELD_PER_UID       256 /* ... of one uid */
+#define VMMT_BROKER_HELD_PER_PID       32  /* ... of one process */
 #define VMMT_BROKER_MAX_FDS            4
+#define VMMT_BROKER_MAX_RANKS          256
+#define VMMT_BROKER_RANK_WORDS         (VMMT_BROKER_MAX_RANKS / 64)
+
+/* Called on the broker thread when ranks lose their last live holder (see ranks). */
+typedef void (*vmmt__broker_dead_fn)(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS],
+                                     pid_t pid, uid_t uid);
 
 struct vmmt__broker_config {
     const char *path;          /* NULL: an unguessable abstract name; else a filesystem path */
     const uid_t *allowed_uids; /* NULL: only the producer's own effective uid (root is NOT
                                   implicitly allowed) */
     size_t allowed_count;
-    int timeout_ms; /* per-connection deadline; 0 means default 2000 */
+    int timeout_ms; /* per-connection deadline for the request; 0 means default 2000 */
+    /*
+     * Liveness: consumer ranks 0..ranks-1 that links may hold (1..256); 0
+     * serves fds only and closes every connection after its reply. When a
+     * consumer process dies (its link closes without a goodbye, or its pidfd
+     * reports the exit), on_dead gets the ranks it held that no other live
+     * link holds.
+     */
+    int ranks;
+    vmmt__broker_dead_fn on_dead;
+    void *user;
     /*
      * Optional: fds for ids other than the pool's own (an elastic pool's
      * chunks, vmmt__chunk_id). Called on the broker thread, after the peer's
      * credentials passed; returns how many new fds it put in fds (the broker
-     * sends and closes them), or 0 when it serves no such id.
+     * sends and closes them, in a reply that names the id asked for, never
+     * kept as a liveness link), or 0 when it serves no such id.
      */
     int (*resolve)(void *user, const uint8_t id[16], int fds[VMMT_BROKER_MAX_FDS]);
     void *resolve_user;
@@ -66,36 +91,108 @@ const struct vmmt__broker_addr *vmmt__broker_address(const struct vmmt__broker *
 /* Stops the thread (bounded time), closes everything, unlinks a path socket. NULL is a no-op. */
 void vmmt__broker_stop(struct vmmt__broker *b);
 
+/* Counters for stats and tests. */
+struct vmmt__broker_stats {
+    uint64_t served, refused_peer, refused_pool, timed_out, malformed;
+    uint64_t evicted;  /* connections awaiting a request closed to make room for newer ones */
+    uint64_t held;     /* liveness links open now (orphans included) */
+    uint64_t deaths;   /* links whose process died */
+    uint64_t goodbyes; /* links closed by a consumer that stays alive */
+};
+void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats *out);
+
+/* The ranks some live link (or orphan) holds now; thread-safe. All zero for NULL. */
+void vmmt__broker_live_ranks(const struct vmmt__broker *b, uint64_t out[VMMT_BROKER_RANK_WORDS]);
+
+/* ------------------------------------------------------------------ client */
+
 /*
- * Client: connect, ask for pool_id, receive exactly `want` fds (CLOEXEC, 1 to
- * VMMT_BROKER_MAX_FDS) into fds_out in the server's order. Never waits beyond
- * timeout_ms (0 means the default 2000). A reply with fewer or more fds than
- * `want` is VMMT_EPROTO, naming both counts. On any failure every fd received
- * is closed and fds_out[0..want) are -1 (at most VMMT_BROKER_MAX_FDS of them).
+ * Who the consumer expects at the broker's address, from the descriptor: the
+ * producer's effective uid, and its pid where both processes share a pid
+ * namespace (0: do not check the pid). An impostor bound at the address is
+ * refused before anything is sent to it.
+ */
+struct vmmt__broker_peer {
+    uid_t uid;
+    pid_t pid;
+};
+
+/*
+ * The expectation for a producer that wrote (uid, pid, pidns) into its
+ * descriptors: the pid is checked only when pidns is this process's pid
+ * namespace.
+ */
+void vmmt__broker_expect(uid_t uid, pid_t pid, uint64_t pidns, struct vmmt__broker_peer *out);
+
+/* Inode of this process's pid namespace (/proc/self/ns/pid); 0 when unknown. */
+uint64_t vmmt__pidns_id(void);
+
+/*
+ * A consumer's open connection to the producer's broker (liveness link).
+ * While it is open the producer counts the ranks it holds as alive; it closes
+ * when this process dies. Its fd reports the producer's death: POLLHUP or
+ * end-of-file (the broker never sends anything on it).
+ */
+struct vmmt__broker_link;
+
+/*
+ * Client: connect, check the server's credentials against `expect`, ask for
+ * pool_id, receive exactly `want` fds (CLOEXEC, 1 to VMMT_BROKER_MAX_FDS)
+ * into fds_out in the server's order, and check that the reply names pool_id.
+ * Never waits beyond timeout_ms (0 means the default 2000). A reply with
+ * fewer or more fds than `want` is VMMT_EPROTO, naming both counts. On any
+ * failure every fd received is closed and fds_out[0..want) are -1.
+ *
+ * link: NULL closes the connection after the reply. Otherwise the connection
+ * is kept as a liveness link when the broker agrees (*link set), and *link
+ * is NULL when it does not (no liveness service, or its bounds reached).
  */
 int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
-                           int timeout_ms, int *fds_out, int want);
+                           const struct vmmt__broker_peer *expect, int timeout_ms, int *fds_out,
+                           int want, struct vmmt__broker_link **link);
 
 /*
  * vmmt__broker_fetch_fds that also gives, in *pidfd_out, a pidfd of the
- * serving process (the producer: the broker is its thread), or -1 where none
- * can be had. The consumer watches it to learn of the producer's death.
+ * serving process (the producer: the broker is its thread), taken on the same
+ * connection once the server's credentials passed, or -1 where none can be
+ * had. The consumer watches it to learn of the producer's death; the link, if
+ * any, stays open beside it (our liveness, for the producer).
  */
 int vmmt__broker_fetch_fds_pidfd(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
-                                 int timeout_ms, int *fds_out, int want, int *pidfd_out);
+                                 const struct vmmt__broker_peer *expect, int timeout_ms,
+                                 int *fds_out, int want, struct vmmt__broker_link **link,
+                                 int *pidfd_out);
 
 /* The process at the other end of a connected AF_UNIX socket as a pidfd (CLOEXEC), or -1. */
 int vmmt__broker_peer_pidfd(int sock);
 
-/* vmmt__broker_fetch_fds for a broker that serves one fd. *fd_out is -1 on failure. */
+/* vmmt__broker_fetch_fds for a broker that serves one fd, without a link. */
 int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
-                       int timeout_ms, int *fd_out);
+                       const struct vmmt__broker_peer *expect, int timeout_ms, int *fd_out);
 
-/* Counters for stats and tests. */
-struct vmmt__broker_stats {
-    uint64_t served, refused_peer, refused_pool, timed_out, malformed;
-};
-void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats *out);
+/*
+ * Tell the producer that this process consumes for ranks [first,
+ * first+count); sends only ranks not announced before (so it costs one
+ * non-blocking send per rank range, once). Thread-safe. VMMT_ECLOSED when
+ * the producer's end is closed.
+ */
+int vmmt__broker_link_hold(struct vmmt__broker_link *l, uint32_t first, uint32_t count);
+
+/* The socket, for poll(): POLLIN or POLLHUP means the producer is gone. Owned by the link. */
+int vmmt__broker_link_fd(const struct vmmt__broker_link *l);
+
+/* The producer's pid as SO_PEERCRED gave it (0 when it is in a pid namespace we cannot see). */
+pid_t vmmt__broker_link_peer_pid(const struct vmmt__broker_link *l);
+
+/* 1 when the producer's end of the link has closed (it exited or stopped its broker). */
+int vmmt__broker_link_peer_gone(const struct vmmt__broker_link *l);
+
+/*
+ * Close the link. goodbye: this process stays alive and merely lets go of
+ * the pool (eviction, destroy), so the producer must not treat it as dead.
+ * NULL is a no-op.
+ */
+void vmmt__broker_link_close(struct vmmt__broker_link *l, int goodbye);
 
 /*
  * The address as people write it: "@name" for an abstract name, the path

@@ -28,6 +28,7 @@ struct vmmt__chunk_map {
     int device;
     int timeout_ms;
     struct vmmt__broker_addr broker;
+    struct vmmt__broker_peer producer; /* who must serve the chunks: the descriptor's producer */
     uint8_t pool_id[16];
     CUmemGenericAllocationHandle *handle;
     uint32_t *incarnation; /* what is mapped; 0: nothing */
@@ -74,6 +75,7 @@ int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_m
     m->device = device;
     m->timeout_ms = timeout_ms;
     m->broker = d->broker;
+    vmmt__broker_expect(d->producer_uid, d->producer_pid, d->producer_pidns, &m->producer);
     memcpy(m->pool_id, d->pool_id, 16);
     st = VMMT_CU(drv, cuMemAddressReserve(&m->base, m->size, gmin, 0, 0));
     if (st != VMMT_OK) {
@@ -114,7 +116,7 @@ static int map_chunk(struct vmmt__chunk_map *m, uint32_t k)
     int fd = -1, st;
 
     vmmt__chunk_id(m->pool_id, k, id);
-    st = vmmt__broker_fetch_fds(&m->broker, id, m->timeout_ms, &fd, 1);
+    st = vmmt__broker_fetch_fds(&m->broker, id, &m->producer, m->timeout_ms, &fd, 1, NULL);
     if (st == VMMT_OK) st = vmmt__import_posix_fd(fd, &m->handle[k]);
     if (fd >= 0) close(fd);
     if (st != VMMT_OK) return vmmt__wrap(st, "importing chunk %u of an elastic pool", k);

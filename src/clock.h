@@ -33,4 +33,13 @@ static inline double vmmt__now_us(void)
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
+/* CLOCK_MONOTONIC in milliseconds, for deadlines kept as integers (poll timeouts). */
+static inline int64_t vmmt__now_ms(void)
+{
+    struct timespec t;
+
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
 #endif

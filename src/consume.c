@@ -11,6 +11,7 @@
 
 #include "abi.h"
 #include "acker.h"
+#include "broker.h"
 #include "clock.h"
 #include "consumer_internal.h"
 #include "ctrl.h"
@@ -243,6 +244,11 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
     }
     if (st == VMMT_OK) st = check_occupant(c, rq);
     if (st == VMMT_OK) st = claim(rq);
+    /* Before any copy or acknowledgement: should we die from here on, the producer knows
+     * which ranks to release. Liveness is best effort; the consume does not depend on it. */
+    if (st == VMMT_OK && rq->pool->link != NULL &&
+        vmmt__broker_link_hold(rq->pool->link, rq->first, rq->count) != VMMT_OK)
+        vmmt__log(VMMT_LOG_INFO, "liveness link: %s", vmmt_last_error());
     if (st == VMMT_OK) vmmt__cache_use(c, rq->pool);
     pthread_mutex_unlock(&c->lock);
     return st;

@@ -41,6 +41,7 @@ struct slot_state {
 };
 
 struct vmmt__chunk_map;
+struct vmmt__broker_link;
 
 struct imported {
     struct vmmt_consumer *owner;
@@ -49,6 +50,7 @@ struct imported {
     struct vmmt__mapping map;
     int host_table; /* the control table is the shared memfd in ctrl, read and written by CPU */
     struct vmmt__ctrl ctrl;
+    struct vmmt__broker_link *link; /* POSIX_FD: open while we use the pool (our liveness) */
     CUdeviceptr table;              /* the control table as streams address it */
     struct vmmt__chunk_map *chunks; /* elastic pools: chunks mapped on first use (chunks.c) */
     struct slot_state *slots;

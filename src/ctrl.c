@@ -5,6 +5,8 @@
  */
 #include "ctrl.h"
 
+#include <fcntl.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,6 +14,9 @@
 
 #include "driver.h"
 #include "status.h"
+
+/* Seals of a control table: its size is fixed for good. */
+#define VMMT__CTRL_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 static size_t page_round(size_t n)
 {
@@ -63,10 +68,16 @@ static int create_shared(size_t bytes, int register_with_driver, struct vmmt__ct
     int st;
 
     init(c, bytes);
-    c->fd = memfd_create("vmmt-control", MFD_CLOEXEC);
+    c->fd = memfd_create("vmmt-control", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (c->fd < 0) return vmmt__sys_fail("memfd_create for the control table");
     if (ftruncate(c->fd, (off_t)c->bytes) != 0) {
         st = vmmt__sys_fail("sizing the control table to %zu bytes", c->bytes);
+        goto fail;
+    }
+    /* Every consumer gets this fd read-write: sealed, none can shrink it under the others'
+     * mappings (SIGBUS), nor grow it, nor add or remove seals. */
+    if (fcntl(c->fd, F_ADD_SEALS, VMMT__CTRL_SEALS) != 0) {
+        st = vmmt__sys_fail("sealing the control table against resizing");
         goto fail;
     }
     st = map_and_register(c->fd, register_with_driver, c);
@@ -89,15 +100,26 @@ int vmmt__ctrl_create_shared_unregistered(size_t bytes, struct vmmt__ctrl *c)
 int vmmt__ctrl_attach_shared(int fd, size_t bytes, int register_with_driver, struct vmmt__ctrl *c)
 {
     struct stat sb;
-    int st;
+    int st, seals;
 
     init(c, bytes);
     if (fstat(fd, &sb) != 0) return vmmt__sys_fail("fstat of the control table descriptor");
-    if ((size_t)sb.st_size < c->bytes)
+    /* Exactly the producer's size: the descriptor's table_slots and slot_stride must describe
+     * what was really served, or they are not this pool's. */
+    if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != c->bytes)
         return vmmt__fail(VMMT_EPROTO,
                           "the control table the broker sent has %lld bytes, the descriptor "
-                          "needs %zu; the broker belongs to another pool or version",
+                          "(table_slots x slot_stride, in whole pages) says %zu; the descriptor "
+                          "or the broker belongs to another pool or version",
                           (long long)sb.st_size, c->bytes);
+    seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & VMMT__CTRL_SEALS) != VMMT__CTRL_SEALS)
+        return vmmt__fail(VMMT_EPROTO,
+                          "the control table the broker sent is not sealed against resizing "
+                          "(seals 0x%x, need 0x%x): any process holding it could shrink it "
+                          "and crash every user with SIGBUS; refusing it (is the producer a "
+                          "vmmt of this version?)",
+                          seals < 0 ? 0 : (unsigned)seals, (unsigned)VMMT__CTRL_SEALS);
     st = map_and_register(fd, register_with_driver, c);
     if (st != VMMT_OK) vmmt__ctrl_release(c);
     return st;

@@ -37,6 +37,7 @@
 #define OFF_ALLOC_SIZE      232
 #define OFF_TABLE_OFFSET    240
 #define OFF_SLOT_STRIDE     248
+#define OFF_PRODUCER_UID    252
 #define OFF_DATA_OFFSET     256
 #define OFF_SLOT            264
 #define OFF_GENERATION      268
@@ -51,6 +52,7 @@
 #define OFF_DTYPE_LANES     310
 #define OFF_NDIM            312
 #define OFF_SHAPE           320
+#define OFF_PRODUCER_PIDNS  384 /* u64 */
 #define OFF_CHUNK_SIZE      480 /* elastic pools: bytes per chunk, 0 for a single allocation */
 #define OFF_CHUNK           488 /* the chunk the buffer starts in */
 #define OFF_INCARNATION     492 /* which making of that chunk */
@@ -61,7 +63,7 @@ static const char desc_magic[8] = {'V', 'M', 'M', 'T', 'D', 'E', 'S', 'C'};
 /* Bytes that version 1 leaves unused: zero now, so a later version can give them meaning. */
 static const struct {
     unsigned off, len;
-} reserved[] = {{20, 4}, {214, 2}, {252, 4}, {316, 4}, {384, 96}, {500, 12}};
+} reserved[] = {{20, 4}, {214, 2}, {316, 4}, {392, 88}, {500, 12}};
 
 #define CORRUPT "the descriptor is corrupt or belongs to another pool"
 
@@ -150,6 +152,8 @@ void vmmt__desc_encode(const struct vmmt__desc *d, uint8_t out[VMMT_DESC_SIZE])
     memcpy(out + OFF_BROKER_NAME, d->broker.name, len);
     put_u32(out, OFF_PRODUCER_DEVICE, (uint32_t)d->producer_device);
     put_u32(out, OFF_PRODUCER_PID, (uint32_t)d->producer_pid);
+    put_u32(out, OFF_PRODUCER_UID, d->producer_uid);
+    put_u64(out, OFF_PRODUCER_PIDNS, d->producer_pidns);
     put_u32(out, OFF_CONSUMER_COUNT, d->consumer_count);
     put_u32(out, OFF_TABLE_SLOTS, d->table_slots);
     put_u64(out, OFF_ALLOC_SIZE, d->alloc_size);
@@ -225,6 +229,8 @@ static void load(const uint8_t *in, struct vmmt__desc *d)
     memcpy(d->broker.name, in + OFF_BROKER_NAME, sizeof d->broker.name);
     d->producer_device = as_i32(get_u32(in, OFF_PRODUCER_DEVICE));
     d->producer_pid = as_i32(get_u32(in, OFF_PRODUCER_PID));
+    d->producer_uid = get_u32(in, OFF_PRODUCER_UID);
+    d->producer_pidns = get_u64(in, OFF_PRODUCER_PIDNS);
     d->consumer_count = get_u32(in, OFF_CONSUMER_COUNT);
     d->table_slots = get_u32(in, OFF_TABLE_SLOTS);
     d->alloc_size = get_u64(in, OFF_ALLOC_SIZE);
@@ -662,6 +668,10 @@ int vmmt__desc_check_pool(const struct vmmt__desc *d, const struct vmmt__desc *p
                            (uint64_t)pool->producer_device);
     if (d->producer_pid != pool->producer_pid)
         return differs_u64("producer_pid", (uint64_t)d->producer_pid, (uint64_t)pool->producer_pid);
+    if (d->producer_uid != pool->producer_uid)
+        return differs_u64("producer_uid", d->producer_uid, pool->producer_uid);
+    if (d->producer_pidns != pool->producer_pidns)
+        return differs_u64("producer_pidns", d->producer_pidns, pool->producer_pidns);
     if (d->alloc_size != pool->alloc_size)
         return differs_u64("alloc_size", d->alloc_size, pool->alloc_size);
     if (d->table_offset != pool->table_offset)

@@ -41,6 +41,8 @@ struct vmmt__desc {
     struct vmmt__broker_addr broker; /* POSIX_FD: where to fetch the fd; zero for FABRIC */
     int32_t producer_device;         /* >= 0 */
     int32_t producer_pid;            /* >= 0; 0 when unknown */
+    uint32_t producer_uid;           /* effective uid of the producer: its broker must have it */
+    uint64_t producer_pidns;         /* inode of the producer's pid namespace; 0 when unknown */
     uint32_t consumer_count;         /* 1..VMMT__MAX_CONSUMERS */
     uint64_t alloc_size;             /* size of the exported allocation */
     uint64_t table_offset;           /* control table: slots * slot_stride bytes from here */

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "group_internal.h"
 #include "status.h"
 
@@ -41,14 +42,6 @@ struct join {
     int32_t pid;
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void say(char *err, size_t cap, const char *fmt, const char *a, int b, int c)
 {
     if (err != NULL && cap > 0) snprintf(err, cap, fmt, a, b, c);
@@ -59,7 +52,7 @@ static int wait_fd(int fd, short events, int64_t deadline)
 {
     for (;;) {
         struct pollfd p = {fd, events, 0};
-        int64_t left = deadline - now_ms();
+        int64_t left = deadline - vmmt__now_ms();
         int n;
 
         if (left <= 0) return 0;
@@ -126,7 +119,7 @@ static void break_root(struct local *L)
 static int root_gather(struct local *L, const void *send, void *recv, size_t bytes, char *err,
                        size_t cap)
 {
-    int64_t deadline = now_ms() + L->timeout_ms;
+    int64_t deadline = vmmt__now_ms() + L->timeout_ms;
     const char *why;
 
     memcpy(recv, send, bytes);
@@ -156,7 +149,7 @@ static int local_allgather(void *ctx, const void *send, void *recv, size_t bytes
                            size_t cap)
 {
     struct local *L = ctx;
-    int64_t deadline = now_ms() + L->timeout_ms;
+    int64_t deadline = vmmt__now_ms() + L->timeout_ms;
     uint64_t n = bytes;
     const char *why;
 
@@ -286,7 +279,7 @@ static int peer_open(struct local *L, const char *job, int64_t deadline)
         if (connect(L->fd, (struct sockaddr *)&sun, len) == 0) break;
         close(L->fd);
         L->fd = -1;
-        if (now_ms() >= deadline)
+        if (vmmt__now_ms() >= deadline)
             return vmmt__fail(VMMT_ETIMEDOUT,
                               "local collective: rank %d found no rank 0 at @%s within %d ms",
                               L->rank, sun.sun_path + 1, L->timeout_ms);
@@ -321,7 +314,7 @@ int vmmt_group_local_collective(const char *job, int rank, int world_size, int t
     L->world = world_size;
     L->fd = -1;
     L->timeout_ms = timeout_ms > 0 ? timeout_ms : DEF_TIMEOUT_MS;
-    deadline = now_ms() + L->timeout_ms;
+    deadline = vmmt__now_ms() + L->timeout_ms;
     st = world_size == 1 ? VMMT_OK
          : rank == 0     ? root_open(L, job, deadline)
                          : peer_open(L, job, deadline);

@@ -23,19 +23,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "group_internal.h"
 #include "scm.h"
 #include "status.h"
 
 #define POLL_SLICE_MS 50
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void close_fd(int *fd)
 {
@@ -449,7 +442,7 @@ static int step(struct run *R, struct pollfd *pfd, int *owner)
     }
     pfd[n] = (struct pollfd){R->x->listen_fd, POLLIN, 0}, owner[n++] = -1;
     if (all_done(R)) return 1;
-    wait = (int)(R->deadline - now_ms());
+    wait = (int)(R->deadline - vmmt__now_ms());
     if (wait <= 0) return timed_out(R);
     if (poll(pfd, (nfds_t)n, wait < POLL_SLICE_MS ? wait : POLL_SLICE_MS) < 0 && errno != EINTR)
         return vmmt__sys_fail("group exchange: poll");
@@ -483,7 +476,7 @@ int vmmt__gx_run(struct vmmt__gx *x, int self_rank, uint32_t seq, struct vmmt__g
     R.peers = peers;
     R.npeers = npeers;
     R.timeout_ms = timeout_ms;
-    R.deadline = now_ms() + timeout_ms;
+    R.deadline = vmmt__now_ms() + timeout_ms;
     for (int i = 0; i < npeers; i++)
         for (int k = 0; k < peers[i].recv_count; k++)
             peers[i].recv_fds[k] = -1;

@@ -66,6 +66,9 @@ int vmmt_consumer_create_size(const vmmt_consumer_config *config, size_t size, v
 /* Free what the import holds on the host; its device objects are released or leaked already. */
 static void forget(struct imported *ip)
 {
+    /* We let go of the pool but live on: the producer must not count our ranks dead. */
+    vmmt__broker_link_close(ip->link, 1);
+    ip->link = NULL;
     if (ip->pidfd >= 0) close(ip->pidfd);
     pthread_mutex_destroy(&ip->poll_lock);
     free(ip->slots);
@@ -184,10 +187,13 @@ static void retry_retired(vmmt_consumer *c)
 static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
 {
     uint64_t table = (uint64_t)d->table_slots * d->slot_stride;
+    struct vmmt__broker_peer producer;
     int fd = -1, st;
 
-    st =
-        vmmt__broker_fetch_fds_pidfd(&d->broker, d->pool_id, c->cfg.timeout_ms, &fd, 1, &ip->pidfd);
+    /* Only the producer named by the descriptor may hand us its pool. */
+    vmmt__broker_expect(d->producer_uid, d->producer_pid, d->producer_pidns, &producer);
+    st = vmmt__broker_fetch_fds_pidfd(&d->broker, d->pool_id, &producer, c->cfg.timeout_ms, &fd, 1,
+                                      &ip->link, &ip->pidfd);
     if (st == VMMT_OK)
         st = vmmt__ctrl_attach_shared(
             fd, table + vmmt__elastic_words_bytes(d->alloc_size, d->chunk_size), 0, &ip->ctrl);
@@ -195,6 +201,8 @@ static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct i
     if (st == VMMT_OK) st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, &ip->chunks);
     if (st != VMMT_OK) {
         vmmt__ctrl_release(&ip->ctrl);
+        vmmt__broker_link_close(ip->link, 1);
+        ip->link = NULL;
         if (ip->pidfd >= 0) {
             close(ip->pidfd);
             ip->pidfd = -1;
@@ -212,9 +220,13 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
 {
     int fds[2] = {-1, -1}, want = ip->host_table ? 2 : 1, st;
     double t0 = vmmt__now_us(), t1 = t0, t2 = t0;
+    struct vmmt__broker_peer producer;
 
-    st = vmmt__broker_fetch_fds_pidfd(&d->broker, d->pool_id, c->cfg.timeout_ms, fds, want,
-                                      &ip->pidfd);
+    /* Only the producer named by the descriptor may hand us its pool; the connection stays
+     * open as our liveness link, and gives the producer's pidfd for the death watch. */
+    vmmt__broker_expect(d->producer_uid, d->producer_pid, d->producer_pidns, &producer);
+    st = vmmt__broker_fetch_fds_pidfd(&d->broker, d->pool_id, &producer, c->cfg.timeout_ms, fds,
+                                      want, &ip->link, &ip->pidfd);
     t1 = vmmt__now_us();
     if (st == VMMT_OK)
         st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
@@ -235,8 +247,10 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
     }
     for (int i = 0; i < 2; i++)
         if (fds[i] >= 0) close(fds[i]);
-    if (st != VMMT_OK && ip->pidfd >= 0) {
-        close(ip->pidfd);
+    if (st != VMMT_OK) {
+        vmmt__broker_link_close(ip->link, 1);
+        ip->link = NULL;
+        if (ip->pidfd >= 0) close(ip->pidfd);
         ip->pidfd = -1;
     }
     /* Where an attach spends its time, for VMMT_LOG=debug. */
@@ -255,11 +269,6 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
     int st;
 
     if (ip == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory to import a pool");
-    ip->slots = calloc(d->table_slots, sizeof *ip->slots);
-    if (ip->slots == NULL) {
-        free(ip);
-        return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot states", d->table_slots);
-    }
     ip->owner = c;
     ip->geometry = *d;
     ip->device = device;
@@ -282,9 +291,21 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
         st = import_posix(c, d, ip);
     }
     ip->table = ip->host_table ? 0 : ip->map.base + d->table_offset;
+    /* After the import, which checked table_slots against what the producer really serves. */
+    if (st == VMMT_OK) {
+        ip->slots = calloc(d->table_slots, sizeof *ip->slots);
+        if (ip->slots == NULL) {
+            struct vmmt__saved_error e;
+            st = vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot states", d->table_slots);
+            vmmt__error_save(&e);
+            if (release_pool(ip) != VMMT_OK) retire_failed(c, ip, "releasing an import in vain of");
+            vmmt__error_restore(&e);
+            return vmmt__wrap(st, "importing the pool of producer pid %d (device %d) on device %d",
+                              d->producer_pid, d->producer_device, device);
+        }
+    }
     if (st != VMMT_OK) {
         pthread_mutex_destroy(&ip->poll_lock);
-        free(ip->slots);
         free(ip);
         return vmmt__wrap(st, "importing the pool of producer pid %d (device %d) on device %d",
                           d->producer_pid, d->producer_device, device);

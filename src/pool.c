@@ -53,6 +53,7 @@ static void config_defaults(vmmt_pool_config *c)
     c->memory_location = VMMT_MEMORY_DEVICE;
     c->host_numa_node = -1;
     c->idle_release_ms = 1500;
+    c->consumer_lease_ms = 0; /* off: only liveness links and vmmt_pool_release_rank release */
 }
 
 void vmmt_pool_config_init_size(vmmt_pool_config *config, size_t size)
@@ -77,6 +78,9 @@ static int check_config(const vmmt_pool_config *c)
         return vmmt__fail(VMMT_EINVAL, "max_slices=%u must be between 1 and %u", c->max_slices,
                           MAX_SLICES);
     if (c->timeout_ms <= 0) return vmmt__fail(VMMT_EINVAL, "timeout_ms must be positive");
+    if (c->consumer_lease_ms < 0)
+        return vmmt__fail(VMMT_EINVAL, "consumer_lease_ms=%d must be 0 (off) or positive",
+                          c->consumer_lease_ms);
     if (c->handle_type == VMMT_HANDLE_NONE)
         return vmmt__fail(VMMT_EINVAL,
                           "handle_type=none cannot be shared with other processes; use auto, "
@@ -196,6 +200,12 @@ static int alloc_host_state(struct vmmt_pool *p)
     p->free_slots = malloc(p->slots * sizeof *p->free_slots);
     if (p->slot == NULL || p->free_slots == NULL)
         return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slots", p->slots);
+    if (p->cfg.consumer_lease_ms > 0) {
+        p->lease_gen = calloc(p->slots, sizeof *p->lease_gen);
+        p->lease_since_ms = calloc(p->slots, sizeof *p->lease_since_ms);
+        if (p->lease_gen == NULL || p->lease_since_ms == NULL)
+            return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot leases", p->slots);
+    }
     /* Low slot numbers on top, so a quiet pool touches few table rows. */
     for (uint32_t i = 0; i < p->slots; i++)
         p->free_slots[i] = p->slots - 1 - i;
@@ -258,6 +268,10 @@ static int start_broker(struct vmmt_pool *p, int fd)
     bc.allowed_uids = (const uid_t *)p->allowed_uids;
     bc.allowed_count = p->cfg.allowed_uid_count;
     bc.timeout_ms = p->cfg.timeout_ms;
+    /* Consumers keep their connection as a liveness link: a death releases its ranks. */
+    bc.ranks = p->cfg.consumer_count;
+    bc.on_dead = vmmt__pool_ranks_dead;
+    bc.user = p;
     /* An elastic pool serves its table under the pool's id, each chunk under its own. */
     if (p->el != NULL) {
         bc.resolve = vmmt__elastic_resolve;
@@ -307,6 +321,9 @@ static void fill_template(struct vmmt_pool *p)
     }
     t->producer_device = p->device;
     t->producer_pid = (int32_t)getpid();
+    /* Consumers check that the broker they reach runs as this uid (and pid). */
+    t->producer_uid = (uint32_t)geteuid();
+    t->producer_pidns = vmmt__pidns_id();
     t->consumer_count = (uint32_t)p->cfg.consumer_count;
     t->alloc_size = p->map.size;
     t->table_offset = 0;
@@ -408,6 +425,8 @@ static void free_pool(struct vmmt_pool *p)
     vmmt__elastic_free(p);
     free(p->slot);
     free(p->free_slots);
+    free(p->lease_gen);
+    free(p->lease_since_ms);
     free(p->allowed_uids);
     free(p);
 }
@@ -660,6 +679,8 @@ int vmmt_pool_get_stats_size(vmmt_pool *p, vmmt_pool_stats *theirs, size_t size)
     out->cancelled = p->cancelled;
     out->full = p->full;
     out->reclaims = p->reclaims;
+    out->rank_releases = p->rank_releases;
+    out->released_slices = p->released_slices;
     if (p->broker != NULL) vmmt__broker_stats(p->broker, &bs);
     out->memory_location = p->host_mem ? VMMT_MEMORY_HOST : VMMT_MEMORY_DEVICE;
     out->device_bytes = p->host_mem ? 0 : out->allocation_size;
@@ -675,5 +696,6 @@ int vmmt_pool_get_stats_size(vmmt_pool *p, vmmt_pool_stats *theirs, size_t size)
     pthread_mutex_unlock(&p->lock);
     out->broker_served = bs.served;
     out->broker_refused = bs.refused_peer + bs.refused_pool;
+    out->consumer_links = (uint32_t)bs.held;
     return vmmt__struct_out(theirs, size, &s, sizeof s, POOL_STATS_V1, "vmmt_pool_get_stats: out");
 }

@@ -91,6 +91,14 @@ struct vmmt_pool {
     struct vmmt__elastic *el; /* elastic pools (elastic.c); NULL for a fixed allocation */
     int device_ready;         /* device access granted and table registered (lock held to set) */
     pthread_mutex_t dev_lock; /* serialises that one-time setup */
+
+    /* Ranks whose consumer died, for the recycler to release (release.c); lock held. */
+    uint64_t dead_ranks[VMMT_BROKER_RANK_WORDS];
+    pid_t dead_pid;
+    uint64_t rank_releases, released_slices;
+    /* consumer_lease_ms: when the recycler first saw each slot's occupant in flight. */
+    uint32_t *lease_gen;
+    int64_t *lease_since_ms;
 };
 
 /* Fail with VMMT_EFAILED / VMMT_ECLOSED if the pool cannot take calls; lock held. */
@@ -138,6 +146,18 @@ int vmmt__host_pool_device_setup(struct vmmt_pool *p);
 void *vmmt__host_pool_cpu(struct vmmt_pool *p, uint64_t off);
 /* Store a ready flag with the CPU (release order after the slice's bytes). */
 void vmmt__host_pool_set_ready(struct vmmt_pool *p, uint32_t slot, uint32_t gen);
+
+/*
+ * Dead consumers (release.c). The broker calls vmmt__pool_ranks_dead on its
+ * thread; the recycler then calls vmmt__pool_release_pending, which
+ * acknowledges on the dead ranks' behalf every slice in flight.
+ */
+void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
+                           uid_t uid);
+void vmmt__pool_release_pending(struct vmmt_pool *p);
+
+/* consumer_lease_ms: release ranks no live link holds that sat on a slice too long (recycler). */
+void vmmt__pool_lease_check(struct vmmt_pool *p);
 
 /* Return a slot and its slice to the free lists; lock held. */
 void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot);

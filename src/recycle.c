@@ -126,6 +126,27 @@ int vmmt_pool_reclaim(vmmt_pool *p, uint32_t *freed)
  */
 #define READ_RETRIES 3
 
+/*
+ * One reclaim by the recycler, lock not held. A failed table read means the
+ * device or context is broken, once it fails READ_RETRIES times in a row:
+ * nothing can be recycled safely any more. Returns 1 when it succeeded.
+ */
+static int reclaim(struct vmmt_pool *p, int *failures)
+{
+    if (vmmt__pool_reclaim(p, NULL) == VMMT_OK) {
+        *failures = 0;
+        return 1;
+    }
+    if (++*failures < READ_RETRIES) {
+        vmmt__log(VMMT_LOG_WARN, "background recycling failed (%s); retrying (%d of %d)",
+                  vmmt_last_error(), *failures, READ_RETRIES - 1);
+    } else {
+        vmmt__wrap(VMMT_EFAILED, "background recycling, %d times in a row", *failures);
+        vmmt__pool_quarantine(p);
+    }
+    return 0;
+}
+
 static void *recycler_main(void *arg)
 {
     struct vmmt_pool *p = arg;
@@ -134,6 +155,15 @@ static void *recycler_main(void *arg)
 
     pthread_mutex_lock(&p->lock);
     while (!p->stop) {
+        /* Ranks of a dead consumer first: their slices are what the producer waits for. */
+        if (!p->failed &&
+            (p->dead_ranks[0] | p->dead_ranks[1] | p->dead_ranks[2] | p->dead_ranks[3]) != 0) {
+            pthread_mutex_unlock(&p->lock);
+            vmmt__pool_release_pending(p);
+            reclaim(p, &failures);
+            pthread_mutex_lock(&p->lock);
+            continue;
+        }
         /* An elastic pool gives idle chunks back; sleeping, it wakes when the next is due. */
         int64_t trim_us = p->el != NULL ? vmmt__elastic_trim(p) : -1;
         if (p->failed || (p->in_flight == 0 && quiet >= GRACE_INTERVALS)) {
@@ -151,21 +181,12 @@ static void *recycler_main(void *arg)
         }
         quiet = p->in_flight == 0 ? quiet + 1 : 0;
         vmmt__deadline(&next, p->cfg.recycle_interval_us);
-        while (!p->stop && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
+        while (!p->stop && !p->dead_ranks[0] && !p->dead_ranks[1] && !p->dead_ranks[2] &&
+               !p->dead_ranks[3] && pthread_cond_timedwait(&p->wake, &p->lock, &next) != ETIMEDOUT)
             ;
         if (p->stop || p->in_flight == 0) continue;
         pthread_mutex_unlock(&p->lock);
-        /* A failed table read means the device or context is broken: nothing
-         * can be recycled safely any more. */
-        if (vmmt__pool_reclaim(p, NULL) == VMMT_OK) {
-            failures = 0;
-        } else if (++failures < READ_RETRIES) {
-            vmmt__log(VMMT_LOG_WARN, "background recycling failed (%s); retrying (%d of %d)",
-                      vmmt_last_error(), failures, READ_RETRIES - 1);
-        } else {
-            vmmt__wrap(VMMT_EFAILED, "background recycling, %d times in a row", failures);
-            vmmt__pool_quarantine(p);
-        }
+        if (reclaim(p, &failures) && p->cfg.consumer_lease_ms > 0) vmmt__pool_lease_check(p);
         pthread_mutex_lock(&p->lock);
     }
     pthread_mutex_unlock(&p->lock);

@@ -6,13 +6,22 @@
  *       fetch, then write "written by child" at offset 0 of the fd
  *   broker_fetch ADDRESS POOL_HEX32 UID writen N
  *       fetch N fds at once, then write "written by child I" at offset 0 of fd I
+ *   broker_fetch ADDRESS POOL_HEX32 UID hold FIRST COUNT [bye]
+ *       fetch with a liveness link, hold ranks [FIRST, FIRST+COUNT), and exit:
+ *       without a goodbye (a death), or after one with "bye"
+ *   broker_fetch ADDRESS POOL_HEX32 UID truncate
+ *       fetch the allocation and the control table; resizing the table must
+ *       fail (it is sealed): exit 0 when both a shrink and a grow were refused
  *   broker_fetch ADDRESS POOL_HEX32 UID expect STATUS TEXT
  *       the fetch must fail with STATUS and a message containing TEXT
  *
  * UID is -1 to keep the current user; otherwise the child drops to it first
- * (which needs root). Exit status 0 means the expectation held.
+ * (which needs root). The broker must be the parent process, running as the
+ * child's user before any drop. Exit status 0 means the expectation held.
  */
+#include <errno.h>
 #include <grp.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,17 +29,10 @@
 
 #include "broker.h"
 #include "status.h"
+#include "testutil.h"
 
-static int parse_pool(const char *hex, uint8_t id[16])
-{
-    if (strlen(hex) != 32) return -1;
-    for (int i = 0; i < 16; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
-        id[i] = (uint8_t)v;
-    }
-    return 0;
-}
+/* The server every fetch must find: the parent, as the user we started as. */
+static struct vmmt__broker_peer parent;
 
 static int drop_to(long uid)
 {
@@ -46,7 +48,7 @@ static int do_write(const struct vmmt__broker_addr *addr, const uint8_t id[16])
 {
     static const char text[] = "written by child";
     int fd = -1;
-    int st = vmmt__broker_fetch(addr, id, 3000, &fd);
+    int st = vmmt__broker_fetch(addr, id, &parent, 3000, &fd);
 
     if (st != VMMT_OK) {
         fprintf(stderr, "broker_fetch: %d: %s\n", st, vmmt_last_error());
@@ -64,7 +66,7 @@ static int do_writen(const struct vmmt__broker_addr *addr, const uint8_t id[16],
 {
     int fds[VMMT_BROKER_MAX_FDS];
     char text[32];
-    int st = vmmt__broker_fetch_fds(addr, id, 3000, fds, n), rc = 0;
+    int st = vmmt__broker_fetch_fds(addr, id, &parent, 3000, fds, n, NULL), rc = 0;
 
     if (st != VMMT_OK) {
         fprintf(stderr, "broker_fetch: %d: %s\n", st, vmmt_last_error());
@@ -81,11 +83,58 @@ static int do_writen(const struct vmmt__broker_addr *addr, const uint8_t id[16],
     return rc;
 }
 
+static int do_hold(const struct vmmt__broker_addr *addr, const uint8_t id[16], int first, int count,
+                   int bye)
+{
+    struct vmmt__broker_link *link = NULL;
+    int fd = -1;
+    int st = vmmt__broker_fetch_fds(addr, id, &parent, 3000, &fd, 1, &link);
+
+    if (st == VMMT_OK && link == NULL) st = vmmt__fail(VMMT_ESTATE, "the broker kept no link");
+    if (st == VMMT_OK) st = vmmt__broker_link_hold(link, (uint32_t)first, (uint32_t)count);
+    if (st != VMMT_OK) {
+        fprintf(stderr, "broker_fetch: %d: %s\n", st, vmmt_last_error());
+        return 1;
+    }
+    close(fd);
+    /* Without a goodbye, the link closes when this process exits: a death (and _exit, as
+     * abrupt as one, without the leak check of the link left open on purpose). */
+    if (!bye) _exit(0);
+    vmmt__broker_link_close(link, 1);
+    return 0;
+}
+
+static int do_truncate(const struct vmmt__broker_addr *addr, const uint8_t id[16])
+{
+    int fds[2] = {-1, -1}, rc = 0;
+    struct stat st;
+    int s = vmmt__broker_fetch_fds(addr, id, &parent, 3000, fds, 2, NULL);
+
+    if (s != VMMT_OK) {
+        fprintf(stderr, "broker_fetch: %d: %s\n", s, vmmt_last_error());
+        return 1;
+    }
+    if (fstat(fds[1], &st) != 0) return 1;
+    if (ftruncate(fds[1], 0) == 0 || errno != EPERM) {
+        fprintf(stderr, "broker_fetch: the control table could be shrunk\n");
+        rc = 1;
+    }
+    if (ftruncate(fds[1], st.st_size * 2) == 0 || errno != EPERM) {
+        fprintf(stderr, "broker_fetch: the control table could be grown\n");
+        rc = 1;
+    }
+    /* Put it back as it was, should it have been shrunk, so the parent survives to report. */
+    if (rc != 0 && ftruncate(fds[1], st.st_size) != 0) perror("broker_fetch: restoring");
+    close(fds[0]);
+    close(fds[1]);
+    return rc;
+}
+
 static int do_expect(const struct vmmt__broker_addr *addr, const uint8_t id[16], int want,
                      const char *text)
 {
     int fd = -1;
-    int st = vmmt__broker_fetch(addr, id, 3000, &fd);
+    int st = vmmt__broker_fetch(addr, id, &parent, 3000, &fd);
 
     if (st != want || fd != -1 || strstr(vmmt_last_error(), text) == NULL) {
         fprintf(stderr, "broker_fetch: want %d with \"%s\", got %d fd %d: %s\n", want, text, st, fd,
@@ -102,13 +151,19 @@ int main(int argc, char **argv)
     uint8_t id[16];
 
     if (argc < 5 || vmmt__broker_addr_parse(argv[1], &addr) != VMMT_OK ||
-        parse_pool(argv[2], id) != 0) {
+        tu_hex_decode(argv[2], id, 16) != 0) {
         fprintf(stderr,
                 "usage: broker_fetch ADDRESS POOL_HEX32 UID write|writen N|expect STATUS TEXT\n");
         return 2;
     }
+    parent.uid = geteuid();
+    parent.pid = getppid();
     if (drop_to(strtol(argv[3], NULL, 10)) != 0) return 3;
     if (strcmp(argv[4], "write") == 0) return do_write(&addr, id);
+    if (strcmp(argv[4], "truncate") == 0) return do_truncate(&addr, id);
+    if (strcmp(argv[4], "hold") == 0 && (argc == 7 || argc == 8))
+        return do_hold(&addr, id, atoi(argv[5]), atoi(argv[6]),
+                       argc == 8 && strcmp(argv[7], "bye") == 0);
     if (strcmp(argv[4], "writen") == 0 && argc == 6) {
         int n = atoi(argv[5]);
         if (n < 1 || n > VMMT_BROKER_MAX_FDS) {

@@ -167,6 +167,17 @@ const char *tu_child_path(const char *name, char *buf, size_t cap)
     return buf;
 }
 
+int tu_hex_decode(const char *hex, uint8_t *out, size_t n)
+{
+    if (hex == NULL || strlen(hex) != 2 * n) return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return -1;
+        out[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
 pid_t tu_spawn(const char *name, char *const argv[], int extra_fd)
 {
     char path[4096];

@@ -38,6 +38,9 @@ void tu_resources_check_(const tu_resources *before, const char *file, int line)
  */
 void tu_use_test_driver(void);
 
+/* n bytes from 2n hex digits (a pool id on a child's command line); 0 on success, -1 if not. */
+int tu_hex_decode(const char *hex, uint8_t *out, size_t n);
+
 /* Path of a helper program built from tests/children/<name>.c. */
 const char *tu_child_path(const char *name, char *buf, size_t cap);
 

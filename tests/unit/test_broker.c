@@ -18,12 +18,15 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "broker_wire.h"
 #include "status.h"
 #include "testutil.h"
 
 static const uint8_t POOL[16] = {0xa1, 0xb2, 0xc3, 0xd4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
 static const uint8_t OTHER[16] = {0x11, 0x22, 0x33, 0x44, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
 static const char POOL_HEX[] = "a1b2c3d405060708090a0b0c0d0e0f10";
+/* The brokers of these tests run in this process: the server a client must find. */
+static struct vmmt__broker_peer ME;
 
 /* ----------------------------------------------------------------- helpers */
 
@@ -89,7 +92,7 @@ static struct vmmt__broker *start_ok(int fd, const struct vmmt__broker_config *c
 static void fetch_same(const struct vmmt__broker *b, int pool_fd)
 {
     int fd = -1;
-    assert_vmmt_ok(vmmt__broker_fetch(vmmt__broker_address(b), POOL, 2000, &fd));
+    assert_vmmt_ok(vmmt__broker_fetch(vmmt__broker_address(b), POOL, &ME, 2000, &fd));
     assert_same_file(fd, pool_fd);
     assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
     close(fd);
@@ -97,14 +100,7 @@ static void fetch_same(const struct vmmt__broker *b, int pool_fd)
 
 static socklen_t sockaddr_of(const struct vmmt__broker_addr *a, struct sockaddr_un *sun)
 {
-    memset(sun, 0, sizeof *sun);
-    sun->sun_family = AF_UNIX;
-    if (a->kind == VMMT_BROKER_ADDR_ABSTRACT) {
-        memcpy(sun->sun_path + 1, a->name, a->len);
-        return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + a->len);
-    }
-    memcpy(sun->sun_path, a->name, a->len);
-    return (socklen_t)sizeof *sun;
+    return vmmt__broker_sockaddr(a, sun);
 }
 
 /* A client that speaks no protocol: connected, blocking, sends only what a test says. */
@@ -421,7 +417,8 @@ static void test_wrong_pool_refused(void **state)
 
     int pool_fd = make_memfd();
     struct vmmt__broker *b = start_ok(pool_fd, NULL);
-    assert_int_equal(vmmt__broker_fetch(vmmt__broker_address(b), OTHER, 2000, &fd), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch(vmmt__broker_address(b), OTHER, &ME, 2000, &fd),
+                     VMMT_EINVAL);
     assert_int_equal(fd, -1);
     assert_error_contains("CUDA VMM POSIX FD broker failed: pool 11223344 is not served here");
     assert_error_contains("serves pool a1b2c3d4");
@@ -481,9 +478,21 @@ static void test_pending_limit(void **state)
     struct vmmt__broker *b = start_ok(pool_fd, &cfg);
     for (int i = 0; i < n; i++)
         stalled[i] = raw_connect(vmmt__broker_address(b));
-    /* Beyond the cap, clients wait in the backlog until slots free up; then they are served. */
+    /* Beyond the cap, the oldest of the peer holding the most is closed: the listener never
+     * stops, and a client with a request is served at once. */
+    int64_t t0 = now_ms();
     fetch_same(b, pool_fd);
-    wait_stat(b, pick_timed_out, (uint64_t)n, 3000);
+    assert_true(now_ms() - t0 < 150);
+    struct vmmt__broker_stats s;
+    for (int i = 0; i < 300; i++) {
+        vmmt__broker_stats(b, &s);
+        if (s.evicted + s.timed_out == (uint64_t)n) break;
+        usleep(10000);
+    }
+    /* One uid may keep VMMT_BROKER_PENDING_PER_UID waiting; the rest made room. */
+    assert_int_equal(s.evicted + s.timed_out, (uint64_t)n);
+    assert_true(s.evicted >= (uint64_t)(n - VMMT_BROKER_PENDING_PER_UID));
+    assert_true(s.timed_out <= VMMT_BROKER_PENDING_PER_UID);
     for (int i = 0; i < n; i++)
         close(stalled[i]);
     vmmt__broker_stop(b);
@@ -539,6 +548,7 @@ static void test_other_user_refused(void **state)
  */
 struct fake {
     int lfd;
+    const uint8_t *pool; /* the pool its reply names (version 3); NULL: POOL */
     uint16_t version;
     int32_t status;
     int nfds;
@@ -550,20 +560,21 @@ static void *fake_server(void *arg)
 {
     struct fake *f = arg;
     struct pollfd p = {.fd = f->lfd, .events = POLLIN};
-    uint8_t buf[64 + 14] = "VMBR";
+    uint8_t buf[64 + 30] = "VMBR";
+    size_t head = f->version >= 3 ? 30 : 14;
     int fds[4];
     union {
         struct cmsghdr h;
         char space[CMSG_SPACE(sizeof fds)];
     } ctl;
-    struct iovec iov = {.iov_base = buf, .iov_len = 14 + 4};
+    struct iovec iov = {.iov_base = buf, .iov_len = head + 4};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
 
     if (poll(&p, 1, 3000) != 1) return NULL;
     int c = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
     if (c < 0) return NULL;
     p.fd = c;
-    if (poll(&p, 1, 3000) == 1 && recv(c, buf + 14, 64, 0) == 24) {
+    if (poll(&p, 1, 3000) == 1 && recv(c, buf + 30, 64, 0) == 24) {
         buf[4] = (uint8_t)f->version;
         buf[5] = (uint8_t)(f->version >> 8);
         /* Version 1 had a 2-byte reserved field here, always 0. */
@@ -572,7 +583,9 @@ static void *fake_server(void *arg)
         memcpy(buf + 8, &f->status, 4);
         buf[12] = 4;
         buf[13] = 0;
-        memcpy(buf + 14, "fake", 4);
+        /* Version 3 names the pool after the fixed 14 bytes. */
+        if (head == 30) memcpy(buf + 14, f->pool ? f->pool : POOL, 16);
+        memcpy(buf + head, "fake", 4);
         if (f->nfds > 0) {
             for (int i = 0; i < f->nfds; i++)
                 fds[i] = f->fd;
@@ -602,7 +615,7 @@ static int fetch_fake(struct fake f, int *fds, int want)
     test_addr(&a, "fake");
     f.lfd = fake_listen(&a);
     assert_int_equal(pthread_create(&t, NULL, fake_server, &f), 0);
-    int st = vmmt__broker_fetch_fds(&a, POOL, 2000, fds, want);
+    int st = vmmt__broker_fetch_fds(&a, POOL, &ME, 2000, fds, want, NULL);
     /* The message is thread-local: keep it safe from close() and friends below. */
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", vmmt_last_error());
@@ -622,7 +635,7 @@ static int fetch_fake(struct fake f, int *fds, int want)
 /* A current server that attaches and announces nfds, through the one-fd wrapper's count. */
 static int fetch_from_fake(int32_t status, int nfds, int *fd)
 {
-    struct fake f = {.version = 2, .status = status, .nfds = nfds, .announce = nfds};
+    struct fake f = {.version = 3, .status = status, .nfds = nfds, .announce = nfds};
     return fetch_fake(f, fd, 1);
 }
 
@@ -652,16 +665,20 @@ static void test_fake_server_replies(void **state)
 
     /* The header and the control data disagree: a broken or hostile server. */
     int fds[2] = {5, 5};
-    struct fake f = {.version = 2, .status = VMMT_OK, .nfds = 1, .announce = 2};
+    struct fake f = {.version = 3, .status = VMMT_OK, .nfds = 1, .announce = 2};
     assert_int_equal(fetch_fake(f, fds, 2), VMMT_EPROTO);
     assert_error_contains("announced 2 file descriptor(s) but 1 arrived");
-    f = (struct fake){.version = 2, .status = VMMT_OK, .nfds = 2, .announce = 5};
+    f = (struct fake){.version = 3, .status = VMMT_OK, .nfds = 2, .announce = 5};
     assert_int_equal(fetch_fake(f, fds, 2), VMMT_EPROTO);
     assert_error_contains("it announces 5 file descriptors; a broker sends 1 to 4");
     /* More than asked for: refused, and every one that arrived is closed. */
-    f = (struct fake){.version = 2, .status = VMMT_OK, .nfds = 4, .announce = 4};
+    f = (struct fake){.version = 3, .status = VMMT_OK, .nfds = 4, .announce = 4};
     assert_int_equal(fetch_fake(f, fds, 2), VMMT_EPROTO);
     assert_error_contains("broker returned 4 file descriptor(s), expected 2");
+    /* A server that answers for another pool (it ignored the pool id we asked for). */
+    f = (struct fake){.version = 3, .pool = OTHER, .status = VMMT_OK, .nfds = 1, .announce = 1};
+    assert_int_equal(fetch_fake(f, fds, 1), VMMT_EPROTO);
+    assert_error_contains("serves pool 11223344, not pool a1b2c3d4 that the descriptor names");
     check_resources(&before);
 }
 
@@ -676,13 +693,18 @@ static void test_v1_server(void **state)
     struct fake f = {.version = 1, .status = VMMT_OK, .nfds = 1};
     assert_int_equal(fetch_fake(f, &fd, 1), VMMT_EPROTO);
     assert_error_contains("CUDA VMM POSIX FD broker failed: @vmmt-test-");
-    assert_error_contains("speaks broker protocol version 1, this build speaks 2: use the same "
+    assert_error_contains("speaks broker protocol version 1, this build speaks 3: use the same "
                           "vmmt version on producer and consumers (it said: \"fake\")");
     assert_int_equal(fd, -1);
     f.status = VMMT_EPROTO;
     f.nfds = 0;
     assert_int_equal(fetch_fake(f, &fd, 1), VMMT_EPROTO);
-    assert_error_contains("speaks broker protocol version 1, this build speaks 2");
+    assert_error_contains("speaks broker protocol version 1, this build speaks 3");
+    /* Version 2 had the same 14-byte header as version 1, and no pool id in its reply. */
+    f = (struct fake){.version = 2, .status = VMMT_OK, .nfds = 1, .announce = 1};
+    assert_int_equal(fetch_fake(f, &fd, 1), VMMT_EPROTO);
+    assert_error_contains("speaks broker protocol version 2, this build speaks 3: use the same "
+                          "vmmt version on producer and consumers (it said: \"fake\")");
     check_resources(&before);
 }
 
@@ -717,16 +739,16 @@ static void test_v1_client(void **state)
     /* What a version-1 client checks, in its order: size, magic, then the version it reports. */
     assert_true(n >= 14 && n <= 214);
     assert_memory_equal(buf, "VMBR", 4);
-    assert_int_equal(buf[4] | buf[5] << 8, 2);
+    assert_int_equal(buf[4] | buf[5] << 8, 3);
     assert_int_equal(buf[6], 0); /* no fds announced */
     int32_t st;
     memcpy(&st, buf + 8, 4);
     assert_int_equal(st, VMMT_EPROTO);
     int mlen = buf[12] | buf[13] << 8;
-    assert_int_equal(n, 14 + mlen);
-    const char want[] = "request version 1 is not supported; this broker speaks version 2";
+    assert_int_equal(n, 30 + mlen);
+    const char want[] = "request version 1 is not supported; this broker speaks version 3";
     assert_true((size_t)mlen >= sizeof want - 1);
-    assert_memory_equal(buf + 14, want, sizeof want - 1);
+    assert_memory_equal(buf + 30, want, sizeof want - 1);
     close(c);
     wait_stat(b, pick_malformed, 1, 2000);
     vmmt__broker_stop(b);
@@ -747,7 +769,7 @@ static void test_client_timeout(void **state)
     test_addr(&a, "mute");
     int lfd = fake_listen(&a);
     int64_t t0 = now_ms();
-    assert_int_equal(vmmt__broker_fetch(&a, POOL, 200, &fd), VMMT_ETIMEDOUT);
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, &ME, 200, &fd), VMMT_ETIMEDOUT);
     int64_t took = now_ms() - t0;
     assert_true(took >= 195 && took < 1500);
     assert_int_equal(fd, -1);
@@ -769,15 +791,15 @@ static void test_connect_refused(void **state)
     take_resources(&before);
 
     test_addr(&a, "nobody");
-    assert_int_equal(vmmt__broker_fetch(&a, POOL, 500, &fd), VMMT_ESYS);
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, &ME, 500, &fd), VMMT_ESYS);
     assert_error_contains("CUDA VMM POSIX FD broker failed: cannot connect to @vmmt-test-");
     assert_error_contains("Connection refused");
     assert_vmmt_ok(vmmt__broker_addr_parse("/nonexistent-vmmt-dir/x.sock", &a));
-    assert_int_equal(vmmt__broker_fetch(&a, POOL, 500, &fd), VMMT_ESYS);
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, &ME, 500, &fd), VMMT_ESYS);
     assert_error_contains("cannot connect to /nonexistent-vmmt-dir/x.sock: No such file");
     a.kind = 7;
-    assert_int_equal(vmmt__broker_fetch(&a, POOL, 500, &fd), VMMT_EINVAL);
-    assert_int_equal(vmmt__broker_fetch(NULL, POOL, 500, &fd), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch(&a, POOL, &ME, 500, &fd), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch(NULL, POOL, &ME, 500, &fd), VMMT_EINVAL);
     assert_int_equal(fd, -1);
     check_resources(&before);
 }
@@ -799,7 +821,7 @@ static void test_malformed_requests(void **state)
     for (int i = 0; i < 4; i++) {
         int c = raw_connect(a);
         if (i == 3) {
-            memcpy(req, "VMBQ\3\0\0\0", 8);
+            memcpy(req, "VMBQ\4\0\0\0", 8);
             memcpy(req + 8, POOL, 16);
         }
         assert_int_equal(send(c, req, lens[i], 0), (ssize_t)lens[i]);
@@ -888,7 +910,7 @@ static void test_two_fds(void **state)
     assert_true(st[0].st_ino != st[1].st_ino);
     struct vmmt__broker *b = NULL;
     assert_vmmt_ok(vmmt__broker_start_fds(mine, 2, POOL, NULL, &b));
-    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, got, 2));
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, got, 2, NULL));
     for (int i = 0; i < 2; i++) {
         struct stat g;
         assert_int_equal(fstat(got[i], &g), 0);
@@ -923,8 +945,8 @@ static void test_two_fds(void **state)
     assert_vmmt_ok(vmmt__broker_start_fds(dups, VMMT_BROKER_MAX_FDS, POOL, NULL, &b));
     for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++)
         close(dups[i]);
-    assert_vmmt_ok(
-        vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, got, VMMT_BROKER_MAX_FDS));
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, got,
+                                          VMMT_BROKER_MAX_FDS, NULL));
     for (int i = 0; i < VMMT_BROKER_MAX_FDS; i++) {
         assert_same_file(got[i], mine[i]);
         close(got[i]);
@@ -949,7 +971,7 @@ static void test_one_fd_wrappers(void **state)
     fetch_same(b, pool_fd);
     vmmt__broker_stop(b);
     b = start_ok(pool_fd, NULL);
-    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, &got, 1));
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, &got, 1, NULL));
     assert_same_file(got, pool_fd);
     close(got);
     vmmt__broker_stop(b);
@@ -968,24 +990,24 @@ static void test_want_mismatch(void **state)
     struct vmmt__broker *b = NULL;
     assert_vmmt_ok(vmmt__broker_start_fds(two, 2, POOL, NULL, &b));
     const struct vmmt__broker_addr *a = vmmt__broker_address(b);
-    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, got, 1), VMMT_EPROTO);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, got, 1, NULL), VMMT_EPROTO);
     assert_error_contains("CUDA VMM POSIX FD broker failed: broker returned 2 file descriptor(s), "
                           "expected 1");
     assert_int_equal(got[0], -1);
     got[0] = 7;
-    assert_int_equal(vmmt__broker_fetch(a, POOL, 2000, got), VMMT_EPROTO);
+    assert_int_equal(vmmt__broker_fetch(a, POOL, &ME, 2000, got), VMMT_EPROTO);
     assert_error_contains("broker returned 2 file descriptor(s), expected 1");
     assert_int_equal(got[0], -1);
     /* Bad counts are the caller's mistake, refused before any connection. */
-    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, got, 0), VMMT_EINVAL);
-    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, got, 5), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, got, 0, NULL), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, got, 5, NULL), VMMT_EINVAL);
     assert_error_contains("want is 5; a broker serves 1 to 4 fds");
-    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, 2000, NULL, 1), VMMT_EINVAL);
+    assert_int_equal(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, NULL, 1, NULL), VMMT_EINVAL);
     vmmt__broker_stop(b);
 
     b = start_ok(two[0], NULL);
     got[0] = got[1] = 7;
-    assert_int_equal(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, 2000, got, 2),
+    assert_int_equal(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, got, 2, NULL),
                      VMMT_EPROTO);
     assert_error_contains("CUDA VMM POSIX FD broker failed: broker returned 1 file descriptor(s), "
                           "expected 2");
@@ -1048,8 +1070,265 @@ static void test_addr_format_parse(void **state)
  * of thread and allocation once up front so the leak checks compare like with
  * like.
  */
+/* ---------------------------------------------------------- liveness links */
+
+struct deaths {
+    pthread_mutex_t lock;
+    int calls;
+    uint64_t ranks[VMMT_BROKER_RANK_WORDS];
+    pid_t pid;
+};
+
+static void on_dead(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid, uid_t uid)
+{
+    struct deaths *d = user;
+    (void)uid;
+    pthread_mutex_lock(&d->lock);
+    d->calls++;
+    memcpy(d->ranks, ranks, sizeof d->ranks);
+    d->pid = pid;
+    pthread_mutex_unlock(&d->lock);
+}
+
+static int death_calls(struct deaths *d)
+{
+    pthread_mutex_lock(&d->lock);
+    int n = d->calls;
+    pthread_mutex_unlock(&d->lock);
+    return n;
+}
+
+static uint64_t pick_held(const struct vmmt__broker_stats *s)
+{
+    return s->held;
+}
+static uint64_t pick_goodbyes(const struct vmmt__broker_stats *s)
+{
+    return s->goodbyes;
+}
+static uint64_t pick_deaths(const struct vmmt__broker_stats *s)
+{
+    return s->deaths;
+}
+
+/* In one process: holding ranks, a goodbye, a close without one (we are alive), peer gone. */
+static void test_link_in_process(void **state)
+{
+    tu_resources before;
+    struct deaths dd = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    struct vmmt__broker_link *l = NULL;
+    struct vmmt__broker_stats s;
+    int fd = -1;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.ranks = 4, .on_dead = on_dead, .user = &dd};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    const struct vmmt__broker_addr *a = vmmt__broker_address(b);
+    assert_vmmt_ok(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, &fd, 1, &l));
+    assert_non_null(l);
+    close(fd);
+    assert_int_equal(vmmt__broker_link_peer_pid(l), getpid());
+    assert_true(vmmt__broker_link_fd(l) >= 0);
+    assert_int_equal(vmmt__broker_link_peer_gone(l), 0);
+    assert_vmmt_ok(vmmt__broker_link_hold(l, 0, 2));
+    assert_vmmt_ok(vmmt__broker_link_hold(l, 1, 1)); /* known already: nothing sent */
+    assert_vmmt_ok(vmmt__broker_link_hold(l, 3, 1));
+    assert_int_equal(vmmt__broker_link_hold(l, 300, 1), VMMT_EINVAL);
+    wait_stat(b, pick_held, 1, 2000);
+    vmmt__broker_link_close(l, 1);
+    wait_stat(b, pick_goodbyes, 1, 2000);
+
+    /* Closed without a goodbye while this process lives: not a death. */
+    assert_vmmt_ok(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, &fd, 1, &l));
+    close(fd);
+    assert_vmmt_ok(vmmt__broker_link_hold(l, 2, 1));
+    vmmt__broker_link_close(l, 0);
+    usleep(50000);
+    assert_int_equal(death_calls(&dd), 0);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.deaths, 0);
+
+    /* The producer stops: the link says so. */
+    assert_vmmt_ok(vmmt__broker_fetch_fds(a, POOL, &ME, 2000, &fd, 1, &l));
+    close(fd);
+    vmmt__broker_stop(b);
+    assert_int_equal(vmmt__broker_link_peer_gone(l), 1);
+    assert_int_equal(vmmt__broker_link_hold(l, 0, 1), VMMT_ECLOSED);
+    vmmt__broker_link_close(l, 1);
+    vmmt__broker_link_close(NULL, 1);
+
+    /* A broker without liveness keeps no link. */
+    struct vmmt__broker_config none = {0};
+    b = start_ok(pool_fd, &none);
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, &fd, 1, &l));
+    assert_null(l);
+    close(fd);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+/* A resolver for test_link_pidfd_and_resolver: one fd for OTHER, nothing for anything else. */
+static int resolve_other(void *user, const uint8_t id[16], int fds[VMMT_BROKER_MAX_FDS])
+{
+    if (memcmp(id, OTHER, 16) != 0) return 0;
+    fds[0] = dup(*(const int *)user);
+    return fds[0] >= 0 ? 1 : 0;
+}
+
+/*
+ * One connection gives both the liveness link and the producer's pidfd (the
+ * consumer's death watch); a failed fetch leaves neither. A resolver's id is
+ * served in a reply naming that id (the client checks it) and never held.
+ */
+static void test_link_pidfd_and_resolver(void **state)
+{
+    tu_resources before;
+    struct vmmt__broker_link *l = NULL;
+    struct vmmt__broker_stats s;
+    int fd = -1, pidfd = -1;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {
+        .ranks = 4, .resolve = resolve_other, .resolve_user = &pool_fd};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    const struct vmmt__broker_addr *a = vmmt__broker_address(b);
+
+    assert_vmmt_ok(vmmt__broker_fetch_fds_pidfd(a, POOL, &ME, 2000, &fd, 1, &l, &pidfd));
+    assert_non_null(l);
+    assert_true(pidfd >= 0);
+    close(fd);
+    /* The pidfd is this process (the broker is our thread): alive, so not readable. */
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 0), 0);
+    /* One connection served both (the counter moves just after the reply). */
+    wait_stat(b, pick_served, 1, 2000);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.served, 1);
+    assert_int_equal(s.held, 1);
+    vmmt__broker_link_close(l, 1);
+    close(pidfd);
+
+    /* Without a link the pidfd still comes; a failed fetch gives no pidfd and no link. */
+    assert_vmmt_ok(vmmt__broker_fetch_fds_pidfd(a, POOL, &ME, 2000, &fd, 1, NULL, &pidfd));
+    assert_true(pidfd >= 0);
+    close(fd);
+    close(pidfd);
+    uint8_t none[16];
+    memcpy(none, POOL, 16);
+    none[15] ^= 0x80;
+    assert_int_equal(vmmt__broker_fetch_fds_pidfd(a, none, &ME, 2000, &fd, 1, &l, &pidfd),
+                     VMMT_EINVAL);
+    assert_int_equal(pidfd, -1);
+    assert_null(l);
+    assert_int_equal(fd, -1);
+
+    /* The resolver's id: served, its reply names OTHER, and the connection is not held. */
+    assert_vmmt_ok(vmmt__broker_fetch_fds(a, OTHER, &ME, 2000, &fd, 1, &l));
+    assert_null(l);
+    assert_true(fd >= 0);
+    close(fd);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+/* A child holds ranks and dies; another link holding one of them keeps that one alive. */
+static void test_link_death_across_processes(void **state)
+{
+    tu_resources before;
+    struct deaths dd = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    struct vmmt__broker_link *mine = NULL;
+    char where[300];
+    int fd = -1;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.ranks = 8, .on_dead = on_dead, .user = &dd};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    vmmt__broker_addr_format(vmmt__broker_address(b), where, sizeof where);
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, &fd, 1, &mine));
+    close(fd);
+    assert_vmmt_ok(vmmt__broker_link_hold(mine, 1, 1));
+
+    /* A goodbye, then exit: alive as far as the pool is concerned. */
+    char *bye[] = {where, (char *)POOL_HEX, "-1", "hold", "0", "3", "bye", NULL};
+    assert_int_equal(tu_wait(tu_spawn("broker_fetch", bye, -1), 10000), 0);
+    wait_stat(b, pick_goodbyes, 1, 2000);
+    assert_int_equal(death_calls(&dd), 0);
+
+    /* Exit without one: a death; rank 1 is still held here, so ranks 0 and 2 are released. */
+    char *die[] = {where, (char *)POOL_HEX, "-1", "hold", "0", "3", NULL};
+    pid_t pid = tu_spawn("broker_fetch", die, -1);
+    assert_int_equal(tu_wait(pid, 10000), 0);
+    wait_stat(b, pick_deaths, 1, 2000);
+    assert_int_equal(death_calls(&dd), 1);
+    assert_int_equal(dd.ranks[0], 0x5);
+    assert_int_equal(dd.pid, pid);
+    vmmt__broker_link_close(mine, 1);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+/* The pure parsers the server runs on what peers send (and fuzzers call). */
+static void test_wire_parsers(void **state)
+{
+    uint8_t req[VMMT__BREQ_SIZE], m[VMMT__BMSG_SIZE], id[16];
+    uint16_t flags = 0;
+    struct vmmt__bmsg msg;
+    char why[200];
+    (void)state;
+
+    memcpy(req, "VMBQ\3\0\1\0", 8);
+    memcpy(req + 8, POOL, 16);
+    assert_null(vmmt__breq_parse(req, sizeof req, &flags, id, why, sizeof why));
+    assert_int_equal(flags, VMMT__BREQ_HOLD);
+    assert_memory_equal(id, POOL, 16);
+    assert_non_null(vmmt__breq_parse(req, 23, &flags, id, why, sizeof why));
+    req[6] = 2; /* an unknown flag */
+    assert_non_null(vmmt__breq_parse(req, sizeof req, &flags, id, why, sizeof why));
+    assert_non_null(strstr(why, "unknown bits"));
+
+    memcpy(m, "VMBM\3\0\1\0", 8);
+    vmmt__put_u32(m + 8, 2);
+    vmmt__put_u32(m + 12, 2);
+    assert_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why));
+    assert_int_equal(msg.first, 2);
+    assert_non_null(vmmt__bmsg_parse(m, sizeof m, 3, &msg, why, sizeof why)); /* past the end */
+    vmmt__put_u32(m + 8, 0xffffffffu); /* first + count wraps */
+    assert_non_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why));
+    vmmt__put_u32(m + 8, 0);
+    vmmt__put_u32(m + 12, 0);
+    assert_non_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why)); /* no rank */
+    m[6] = VMMT__BMSG_BYE;
+    assert_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why));
+    vmmt__put_u32(m + 12, 1); /* a goodbye carries nothing */
+    assert_non_null(vmmt__bmsg_parse(m, sizeof m, 4, &msg, why, sizeof why));
+    assert_non_null(vmmt__bmsg_parse(m, 15, 4, &msg, why, sizeof why));
+
+    /* The client's side: a success reply for POOL with one fd, then what breaks it. */
+    uint8_t rep[VMMT__BREP_MAX + 8] = "VMBR\3\0\1\0";
+    memcpy(rep + 14, POOL, 16);
+    assert_vmmt_ok(vmmt__brep_check(rep, 30, 0, 1, POOL, 1, "@x"));
+    assert_int_equal(vmmt__brep_check(rep, 30, 0, 1, OTHER, 1, "@x"), VMMT_EPROTO);
+    assert_int_equal(vmmt__brep_check(rep, 30, 0, 2, POOL, 1, "@x"), VMMT_EPROTO);
+    assert_int_equal(vmmt__brep_check(rep, 31, 0, 1, POOL, 1, "@x"), VMMT_EPROTO);
+    assert_int_equal(vmmt__brep_check(rep, sizeof rep, 0, 1, POOL, 1, "@x"), VMMT_EPROTO);
+    assert_int_equal(vmmt__brep_check(rep, 0, 0, 0, POOL, 1, "@x"), VMMT_ECLOSED);
+    rep[12] = 201; /* msg_len past its bound */
+    assert_int_equal(vmmt__brep_check(rep, 30 + 201, 0, 1, POOL, 1, "@x"), VMMT_EPROTO);
+}
+
 static int warm_up(void **state)
 {
+    ME.uid = geteuid();
+    ME.pid = getpid();
     int fd = -1;
     (void)state;
     int pool_fd = make_memfd();
@@ -1089,6 +1368,10 @@ int main(void)
         cmocka_unit_test(test_start_fds_errors),
         cmocka_unit_test(test_v1_server),
         cmocka_unit_test(test_v1_client),
+        cmocka_unit_test(test_link_in_process),
+        cmocka_unit_test(test_link_pidfd_and_resolver),
+        cmocka_unit_test(test_link_death_across_processes),
+        cmocka_unit_test(test_wire_parsers),
     };
     return cmocka_run_group_tests(tests, warm_up, NULL);
 }

@@ -21,6 +21,8 @@ static struct vmmt__desc valid_fd(void)
     memcpy(d.broker.name, "vmmt-0123456789abcde", 20);
     d.producer_device = 3;
     d.producer_pid = 4242;
+    d.producer_uid = 1000;
+    d.producer_pidns = 0x1122334455667788ull;
     d.consumer_count = 2;
     d.alloc_size = 64 * MiB;
     d.table_offset = 0;
@@ -158,6 +160,8 @@ static void test_round_trip(void **state)
     d = valid_fd();
     d.producer_device = INT32_MAX;
     d.producer_pid = INT32_MAX;
+    d.producer_uid = UINT32_MAX;
+    d.producer_pidns = UINT64_MAX;
     round_trip(&d);
 }
 
@@ -257,9 +261,10 @@ static void test_golden_bytes(void **state)
     assert_memory_equal(b + 126, zero, 88);
     assert_memory_equal(b + 20, zero, 4);
     assert_memory_equal(b + 214, zero, 2);
-    assert_memory_equal(b + 252, zero, 4);
+    assert_memory_equal(b + 252, "\xe8\x03\x00\x00", 4); /* producer_uid 1000 */
     assert_memory_equal(b + 316, zero, 4);
-    assert_memory_equal(b + 384, zero, 128);
+    assert_memory_equal(b + 384, "\x88\x77\x66\x55\x44\x33\x22\x11", 8); /* producer_pidns */
+    assert_memory_equal(b + 392, zero, 120);
 }
 
 /* Garbage past the name's length never reaches the wire. */
@@ -323,7 +328,7 @@ static void test_reject_frame(void **state)
     expect_reject_bytes(b, "field size=256 is not 512");
 
     /* One byte of every reserved range, its first and its last. */
-    static const unsigned res[] = {20, 23, 214, 215, 252, 255, 316, 319, 384, 511};
+    static const unsigned res[] = {20, 23, 214, 215, 316, 319, 392, 511};
     for (size_t i = 0; i < sizeof res / sizeof res[0]; i++) {
         char text[64];
         memcpy(b, good, sizeof b);
@@ -621,6 +626,13 @@ static void test_check_pool(void **state)
     d = valid_fd();
     d.producer_pid = 1;
     expect_pool_differs(&d, &pool, "producer_pid=1 differs");
+    /* The broker's credentials check uses the import's: a later descriptor must agree. */
+    d = valid_fd();
+    d.producer_uid = 7;
+    expect_pool_differs(&d, &pool, "producer_uid=7 differs");
+    d = valid_fd();
+    d.producer_pidns = 9;
+    expect_pool_differs(&d, &pool, "producer_pidns=9 differs");
     {
         struct vmmt__desc fa = valid_fabric(), fb = valid_fabric();
         fb.fabric[17] ^= 1;

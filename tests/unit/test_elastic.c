@@ -266,26 +266,28 @@ static void test_elastic_broker_serves_resident_chunks_only(void **state)
     vmmt_buffer b = bytes(f->src, 4096);
     struct vmmt__desc d;
     vmmt_desc desc;
+    struct vmmt__broker_peer me;
     uint8_t id[16];
     int fd = -1;
 
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &desc));
     assert_vmmt_ok(vmmt__desc_decode(desc.bytes, &d));
+    vmmt__broker_expect(d.producer_uid, d.producer_pid, d.producer_pidns, &me);
     vmmt__chunk_id(d.pool_id, 0, id);
-    assert_vmmt_ok(vmmt__broker_fetch_fds(&d.broker, id, 2000, &fd, 1));
+    assert_vmmt_ok(vmmt__broker_fetch_fds(&d.broker, id, &me, 2000, &fd, 1, NULL));
     assert_true(fd >= 0);
     close(fd);
     /* Chunk 1 is not resident; chunk 8 does not exist (16 MiB of 2 MiB chunks). */
     vmmt__chunk_id(d.pool_id, 1, id);
-    assert_int_not_equal(vmmt__broker_fetch_fds(&d.broker, id, 2000, &fd, 1), VMMT_OK);
+    assert_int_not_equal(vmmt__broker_fetch_fds(&d.broker, id, &me, 2000, &fd, 1, NULL), VMMT_OK);
     assert_int_equal(fd, -1);
     vmmt__chunk_id(d.pool_id, 8, id);
-    assert_int_not_equal(vmmt__broker_fetch_fds(&d.broker, id, 2000, &fd, 1), VMMT_OK);
+    assert_int_not_equal(vmmt__broker_fetch_fds(&d.broker, id, &me, 2000, &fd, 1, NULL), VMMT_OK);
     /* Another pool's id with our chunk tag is no chunk of ours. */
     vmmt__chunk_id(d.pool_id, 0, id);
     id[0] ^= 1;
-    assert_int_not_equal(vmmt__broker_fetch_fds(&d.broker, id, 2000, &fd, 1), VMMT_OK);
+    assert_int_not_equal(vmmt__broker_fetch_fds(&d.broker, id, &me, 2000, &fd, 1, NULL), VMMT_OK);
     assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &desc, 0, f->stream, VMMT_ALL_RANKS, 0));
 }
 

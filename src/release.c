@@ -1,0 +1,231 @@
+/*
+ * Releasing the ranks of dead consumers: acknowledging, on a rank's behalf,
+ * every slice in flight, so that a consumer process that died holding slices
+ * does not keep them forever. The broker reports a death (the process's
+ * liveness link closed and its pidfd shows it exited, so none of its copies
+ * can still run); the recycler, which owns the pool's stream, does the
+ * writes. An engine may also release a rank itself (vmmt_pool_release_rank).
+ * A live rank is never released on the library's own initiative.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+#include "ctrl.h"
+#include "driver.h"
+#include "pool_internal.h"
+#include "status.h"
+
+/* "0,3-5" for the log. */
+static const char *rank_list(const uint64_t ranks[VMMT_BROKER_RANK_WORDS], char *buf, size_t cap)
+{
+    size_t n = 0;
+
+    buf[0] = '\0';
+    for (int r = 0; r < VMMT_BROKER_MAX_RANKS && n + 12 < cap; r++) {
+        if (!(ranks[r / 64] & (1ull << (r % 64)))) continue;
+        int end = r;
+        while (end + 1 < VMMT_BROKER_MAX_RANKS &&
+               (ranks[(end + 1) / 64] & (1ull << ((end + 1) % 64))))
+            end++;
+        n += (size_t)snprintf(buf + n, cap - n, n ? ",%d" : "%d", r);
+        if (end > r) n += (size_t)snprintf(buf + n, cap - n, "-%d", end);
+        r = end;
+    }
+    return buf;
+}
+
+static int has_rank(const uint64_t ranks[VMMT_BROKER_RANK_WORDS], uint32_t r)
+{
+    return (ranks[r / 64] >> (r % 64)) & 1;
+}
+
+void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
+                           uid_t uid)
+{
+    struct vmmt_pool *p = pool;
+    char list[256];
+
+    vmmt__log(VMMT_LOG_WARN,
+              "consumer process pid %d (uid %u) died holding rank(s) %s of the pool; releasing "
+              "the slices they had not acknowledged",
+              (int)pid, (unsigned)uid, rank_list(ranks, list, sizeof list));
+    pthread_mutex_lock(&p->lock);
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        p->dead_ranks[w] |= ranks[w];
+    p->dead_pid = pid;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/*
+ * A shared host table: store the occupant's generation into the rank's word.
+ * The producer writes it, not a consumer, so the consumers' rule
+ * (vmmt__ctrl_store_ack: only once the ready word shows the occupant) does
+ * not apply: the lock is held, so `generation` is the slot's occupant now,
+ * and any other value in the word is a predecessor's; the slot is still
+ * recycled only once its ready word shows the generation too. Lock held.
+ */
+static uint32_t release_host(struct vmmt_pool *p, const uint64_t ranks[])
+{
+    uint32_t slices = 0;
+
+    for (uint32_t i = 0; i < p->slots; i++) {
+        const struct vmmt__slot *s = &p->slot[i];
+        int any = 0;
+        if (s->state != SLOT_IN_FLIGHT) continue;
+        for (uint32_t r = 0; r < (uint32_t)p->cfg.consumer_count; r++) {
+            uint32_t *w = &p->table_host[vmmt__ctrl_ack(0, p->stride, i, r) / 4];
+            if (!has_rank(ranks, r) || vmmt__ctrl_load(w) == s->generation) continue;
+            __atomic_store_n(w, s->generation, __ATOMIC_RELEASE);
+            any = 1;
+        }
+        slices += (uint32_t)any;
+    }
+    return slices;
+}
+
+/*
+ * A device table: read it, then write the missing words on the pool's stream.
+ * reclaim_lock and lock are held, so no slot changes occupant meanwhile.
+ */
+static int release_device(struct vmmt_pool *p, const uint64_t ranks[], uint32_t *slices)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    int st = VMMT_OK;
+
+    *slices = 0;
+    for (uint32_t i = 0; i < p->slots && st == VMMT_OK; i++) {
+        const struct vmmt__slot *s = &p->slot[i];
+        int any = 0;
+        if (s->state != SLOT_IN_FLIGHT) continue;
+        for (uint32_t r = 0; r < (uint32_t)p->cfg.consumer_count && st == VMMT_OK; r++) {
+            uint64_t off = vmmt__ctrl_ack(0, p->stride, i, r);
+            if (!has_rank(ranks, r) || vmmt__ctrl_load(&p->table_host[off / 4]) == s->generation)
+                continue;
+            st = VMMT_CU(d, cuStreamWriteValue32(p->stream, p->ctrl_dev + off, s->generation,
+                                                 CU_STREAM_WRITE_VALUE_DEFAULT));
+            any = 1;
+        }
+        *slices += (uint32_t)any;
+    }
+    if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
+    return st;
+}
+
+/* Acknowledge for `ranks` every slice in flight; the caller is active or the recycler. */
+static int release_ranks(struct vmmt_pool *p, const uint64_t ranks[], const char *why)
+{
+    uint32_t slices = 0, nranks = 0;
+    char list[256];
+    int st = VMMT_OK;
+
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        nranks += (uint32_t)__builtin_popcountll(ranks[w]);
+    pthread_mutex_lock(&p->reclaim_lock);
+    if (!p->host_table) st = vmmt__pool_read_table(p);
+    if (st == VMMT_OK && !p->host_table) st = vmmt__ctx_enter(p->device);
+    if (st == VMMT_OK) {
+        pthread_mutex_lock(&p->lock);
+        if (p->host_table)
+            slices = release_host(p, ranks);
+        else
+            st = release_device(p, ranks, &slices);
+        p->rank_releases += nranks;
+        p->released_slices += slices;
+        pthread_mutex_unlock(&p->lock);
+        if (!p->host_table) vmmt__ctx_leave();
+    }
+    pthread_mutex_unlock(&p->reclaim_lock);
+    rank_list(ranks, list, sizeof list);
+    if (st != VMMT_OK) return vmmt__wrap(st, "releasing rank(s) %s (%s)", list, why);
+    vmmt__log(VMMT_LOG_WARN, "released rank(s) %s (%s): %u slice(s) acknowledged on their behalf",
+              list, why, slices);
+    return VMMT_OK;
+}
+
+/*
+ * consumer_lease_ms: ranks that no live link holds and that sat on a slice
+ * (whose ready word shows the producer's copy done) for longer than the
+ * lease. A slot's lease starts when the recycler first sees its occupant in
+ * flight; the recycler runs every recycle interval while slices are in
+ * flight, so that is within an interval of the publish.
+ */
+void vmmt__pool_lease_check(struct vmmt_pool *p)
+{
+    uint64_t live[VMMT_BROKER_RANK_WORDS], stale[VMMT_BROKER_RANK_WORDS] = {0};
+    int64_t now = vmmt__now_ms(), lease = p->cfg.consumer_lease_ms;
+    char why[160];
+    int any = 0;
+
+    pthread_mutex_lock(&p->reclaim_lock);
+    pthread_mutex_lock(&p->lock);
+    vmmt__broker_live_ranks(p->broker, live);
+    for (uint32_t i = 0; i < p->slots && p->lease_gen != NULL; i++) {
+        const struct vmmt__slot *s = &p->slot[i];
+        const uint32_t *row = p->table_host + (size_t)i * (p->stride / 4);
+        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (p->lease_gen[i] != s->generation) {
+            p->lease_gen[i] = s->generation;
+            p->lease_since_ms[i] = now;
+            continue;
+        }
+        if (now - p->lease_since_ms[i] < lease || vmmt__ctrl_load(&row[0]) != s->generation)
+            continue;
+        for (uint32_t r = 0; r < (uint32_t)p->cfg.consumer_count; r++) {
+            if (has_rank(live, r) || vmmt__ctrl_load(&row[1 + r]) == s->generation) continue;
+            stale[r / 64] |= 1ull << (r % 64);
+            any = 1;
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->reclaim_lock);
+    if (!any) return;
+    snprintf(why, sizeof why,
+             "no live consumer process holds it, and it left a slice unacknowledged for more "
+             "than consumer_lease_ms=%d",
+             p->cfg.consumer_lease_ms);
+    if (release_ranks(p, stale, why) != VMMT_OK) vmmt__pool_quarantine(p);
+}
+
+void vmmt__pool_release_pending(struct vmmt_pool *p)
+{
+    uint64_t ranks[VMMT_BROKER_RANK_WORDS];
+    char why[64];
+    int any = 0;
+
+    pthread_mutex_lock(&p->lock);
+    memcpy(ranks, p->dead_ranks, sizeof ranks);
+    memset(p->dead_ranks, 0, sizeof p->dead_ranks);
+    snprintf(why, sizeof why, "consumer pid %d died", (int)p->dead_pid);
+    pthread_mutex_unlock(&p->lock);
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        any |= ranks[w] != 0;
+    if (any && release_ranks(p, ranks, why) != VMMT_OK) {
+        /* The table could not be read or written: the device is in trouble. */
+        vmmt__pool_quarantine(p);
+    }
+}
+
+int vmmt_pool_release_rank(vmmt_pool *p, int rank)
+{
+    uint64_t ranks[VMMT_BROKER_RANK_WORDS] = {0};
+    int st;
+
+    if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_release_rank: pool is NULL");
+    if (rank < 0 || rank >= p->cfg.consumer_count)
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_pool_release_rank: rank %d is outside the pool's consumer ranks "
+                          "0..%d",
+                          rank, p->cfg.consumer_count - 1);
+    ranks[rank / 64] = 1ull << (rank % 64);
+    st = vmmt__pool_enter(p);
+    if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_pool_release_rank");
+    st = release_ranks(p, ranks, "vmmt_pool_release_rank");
+    vmmt__pool_leave(p);
+    /* The slices are free once the recycler next reads the table; do it now. */
+    if (st == VMMT_OK) st = vmmt_pool_reclaim(p, NULL);
+    return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "vmmt_pool_release_rank");
+}
