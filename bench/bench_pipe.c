@@ -210,25 +210,10 @@ static int s5_floor_cross(struct s5_run *r, double *us)
  * consumer's device come from this process's context there, and switching
  * between that and a consumer's context on every run would tax both.
  */
-static int s5_runs(struct s5_run *r, int runs, struct s5_series *s)
+static int s5_runs_apart(struct s5_run *r, int runs, struct s5_series *s)
 {
     int st = VMMT_OK;
     double a, b;
-
-    /*
-     * Same GPU: the floor is the same processes' pipeline without vmmt, so
-     * the two alternate run by run, as the same-GPU floors of S3 and S10 do.
-     */
-    for (int i = 0; r->same && i < runs + 1 && st == VMMT_OK; i++) {
-        r->plain = 1;
-        st = s5_once(r, &a);
-        r->plain = 0;
-        if (st == VMMT_OK) st = s5_once(r, &b);
-        if (st == VMMT_OK && i > 0 &&
-            (bench_series_add(s->plain, a) || bench_series_add(s->run, b)))
-            st = VMMT_ENOMEM;
-    }
-    if (r->same) goto verify;
 
     for (int i = 0; i < runs + 1 && st == VMMT_OK; i++) {
         st = s5_floor_local(r, &a);
@@ -241,7 +226,35 @@ static int s5_runs(struct s5_run *r, int runs, struct s5_series *s)
         st = s5_once(r, &a);
         if (st == VMMT_OK && i > 0 && bench_series_add(s->run, a)) st = VMMT_ENOMEM;
     }
-verify:
+    return st;
+}
+
+/*
+ * Every consumer on the producer's GPU: the floor is the same processes'
+ * pipeline without vmmt, so the two alternate run by run, as the same-GPU
+ * floors of S3 and S10 alternate sample by sample.
+ */
+static int s5_runs_same(struct s5_run *r, int runs, struct s5_series *s)
+{
+    int st = VMMT_OK;
+    double a, b;
+
+    for (int i = 0; i < runs + 1 && st == VMMT_OK; i++) {
+        r->plain = 1;
+        st = s5_once(r, &a);
+        r->plain = 0;
+        if (st == VMMT_OK) st = s5_once(r, &b);
+        if (st == VMMT_OK && i > 0 &&
+            (bench_series_add(s->plain, a) || bench_series_add(s->run, b)))
+            st = VMMT_ENOMEM;
+    }
+    return st;
+}
+
+static int s5_runs(struct s5_run *r, int runs, struct s5_series *s)
+{
+    int st = r->same ? s5_runs_same(r, runs, s) : s5_runs_apart(r, runs, s);
+
     for (int k = 0; k < r->k && st == VMMT_OK; k++)
         st = bench_peer_verify(&r->peers[k], r->size);
     return st;
@@ -323,17 +336,17 @@ static int s5_series_new(struct s5_run *r, struct s5_series *s)
     struct bench_report *rep = r->e->rep;
     char sz[16];
 
+    memset(s, 0, sizeof *s);
     bench_size_name(r->size, sz, sizeof sz);
     s->run = bench_series_new(rep, "us", "S5 run of %u x %s to %d consumer(s)", r->count, sz, r->k);
+    if (r->same) {
+        s->plain = bench_series_new(rep, "us", "S5 floor run without vmmt, same GPU, %u x %s to %d",
+                                    r->count, sz, r->k);
+        return s->run && s->plain ? VMMT_OK : VMMT_ENOMEM;
+    }
     s->local = bench_series_new(rep, "us", "S5 floor %u local DtoD of %s", r->count, sz);
     s->cross = bench_series_new(rep, "us", "S5 floor %u copies of %s to the consumers' GPUs",
                                 r->count * (uint32_t)r->k, sz);
-    s->plain = NULL;
-    if (r->same && (s->plain = bench_series_new(rep, "us",
-                                                "S5 floor run without vmmt, same GPU, "
-                                                "%u x %s to %d",
-                                                r->count, sz, r->k)) == NULL)
-        return VMMT_ENOMEM;
     return s->run && s->local && s->cross ? VMMT_OK : VMMT_ENOMEM;
 }
 
