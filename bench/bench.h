@@ -200,7 +200,8 @@ enum bench_op {
     BOP_VERIFY,
     BOP_RESET,
     BOP_END,
-    BOP_COPY,         /* the peer's half of the two-process floor: a DtoD of nbytes + sync */
+    BOP_COPY,         /* the peer's half of the two-process floor: a DtoD of nbytes + sync
+                         (queued ones batched, one sync, as BOP_CONSUME) */
     BOP_MEMFD_ATTACH, /* map and register the inherited memfd `rank` of nbytes */
     BOP_MEMFD_COPY    /* copy nbytes from it to the device + sync (the host-pool floor) */
 };
@@ -265,5 +266,15 @@ int bench_rt_vmmt(struct bench_env *e, vmmt_pool *pool, struct bench_peer *peer,
  * synchronizes, then the peer does the same and answers.
  */
 int bench_twoproc_sample(struct bench_env *e, struct bench_peer *peer, uint64_t n, double *us);
+/* One sample of n bytes; ctx is the caller's. */
+typedef int (*bench_sample_fn)(void *ctx, uint64_t n, double *us);
+/*
+ * bench_host.c: series a and b measured alternately, sample by sample, after
+ * a warm-up of each: how every floor whose peer is on the producer's GPU is
+ * measured against its row, so that both pay the same context switches.
+ */
+int bench_alternate(struct bench_env *e, uint64_t n, bench_sample_fn a, void *actx,
+                    struct bench_series *sa, bench_sample_fn b, void *bctx,
+                    struct bench_series *sb);
 
 #endif

@@ -62,6 +62,29 @@ int bench_twoproc_sample(struct bench_env *e, struct bench_peer *peer, uint64_t 
     return st;
 }
 
+/*
+ * Two series measured alternately, sample by sample, after a warm-up of each,
+ * so that drift of the machine weighs on both alike. With a peer on the
+ * producer's GPU this is also what makes two of them comparable: each sample
+ * starts with the peer's context the last one on the GPU, as in a stream of
+ * hand-offs, so each pays the same switches (one into the producer's
+ * context, one back into the peer's).
+ */
+int bench_alternate(struct bench_env *e, uint64_t n, bench_sample_fn a, void *actx,
+                    struct bench_series *sa, bench_sample_fn b, void *bctx, struct bench_series *sb)
+{
+    int reps = bench_reps(e, n), warm = bench_warmup(reps), st = VMMT_OK;
+    double us;
+
+    for (int i = 0; i < warm + reps && st == VMMT_OK; i++) {
+        st = a(actx, n, &us);
+        if (st == VMMT_OK && i >= warm && bench_series_add(sa, us)) st = VMMT_ENOMEM;
+        if (st == VMMT_OK) st = b(bctx, n, &us);
+        if (st == VMMT_OK && i >= warm && bench_series_add(sb, us)) st = VMMT_ENOMEM;
+    }
+    return st;
+}
+
 static int twoproc_sample(struct s10 *t, uint64_t n, double *us)
 {
     return bench_twoproc_sample(t->e, &t->peer, n, us);
@@ -100,20 +123,28 @@ static int host_sample(struct s10 *t, uint64_t n, double *us)
 
 typedef int (*sample_fn)(struct s10 *t, uint64_t n, double *us);
 
-/* Two series measured alternately, sample by sample, after a warm-up of each. */
+struct s10_pair {
+    struct s10 *t;
+    sample_fn a, b;
+};
+
+static int pair_a(void *ctx, uint64_t n, double *us)
+{
+    struct s10_pair *p = ctx;
+    return p->a(p->t, n, us);
+}
+
+static int pair_b(void *ctx, uint64_t n, double *us)
+{
+    struct s10_pair *p = ctx;
+    return p->b(p->t, n, us);
+}
+
 static int measure_pair(struct s10 *t, uint64_t n, sample_fn a, struct bench_series *sa,
                         sample_fn b, struct bench_series *sb)
 {
-    int reps = bench_reps(t->e, n), warm = bench_warmup(reps), st = VMMT_OK;
-    double us;
-
-    for (int i = 0; i < warm + reps && st == VMMT_OK; i++) {
-        st = a(t, n, &us);
-        if (st == VMMT_OK && i >= warm && bench_series_add(sa, us)) st = VMMT_ENOMEM;
-        if (st == VMMT_OK) st = b(t, n, &us);
-        if (st == VMMT_OK && i >= warm && bench_series_add(sb, us)) st = VMMT_ENOMEM;
-    }
-    return st;
+    struct s10_pair p = {t, a, b};
+    return bench_alternate(t->e, n, pair_a, &p, sa, pair_b, &p, sb);
 }
 
 static int device_sample(struct s10 *t, uint64_t n, double *us)

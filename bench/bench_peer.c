@@ -5,9 +5,10 @@
  *
  * The peer answers each message once its work is complete on the GPU (its
  * stream synchronized), so a reply at the producer proves the bytes arrived.
- * Consume messages that are already queued are taken as one batch, copied
- * back to back and synchronized once: a pipelined producer (S5) keeps the
- * peer's GPU busy, a ping-pong producer (S3) sees one message per batch.
+ * Consume (or floor copy) messages that are already queued are taken as one
+ * batch, copied back to back and synchronized once: a pipelined producer (S5,
+ * and its same-GPU floor) keeps the peer's GPU busy, a ping-pong producer (S3)
+ * sees one message per batch.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -219,22 +220,44 @@ static void peer_error(const char *what)
     fprintf(stderr, "vmmt bench-peer %d: %s: %s\n", (int)getpid(), what, vmmt_last_error());
 }
 
-/* Consume this message and every consume already queued behind it, then synchronize once. */
-static int peer_consume(struct peer *p, struct bench_msg *m)
+/* One message's GPU work, enqueued on the peer's stream. */
+typedef int (*peer_item_fn)(struct peer *p, const struct bench_msg *m);
+
+static int peer_consume_one(struct peer *p, const struct bench_msg *m)
 {
+    int st = vmmt_consume(p->c, (const vmmt_desc *)m->payload, p->device, p->dst, p->cap, p->s,
+                          (int)m->h.rank, 1);
+    if (st != VMMT_OK) peer_error("vmmt_consume");
+    return st;
+}
+
+/* The peer's half of the two-process floor: a DtoD of the same size within its own memory. */
+static int peer_copy_one(struct peer *p, const struct bench_msg *m)
+{
+    int st = VMMT_EINVAL;
+
+    if (m->h.nbytes <= p->cap / 2)
+        st = VMMT_CU(p->d, cuMemcpyDtoDAsync(p->dst + p->cap / 2, p->dst, m->h.nbytes, p->s));
+    if (st != VMMT_OK) peer_error("the floor's copy");
+    return st;
+}
+
+/*
+ * Do this message and every message of the same kind already queued behind
+ * it, then synchronize once: vmmt's consumes (BOP_CONSUME) and the plain
+ * copies of the floors (BOP_COPY) are batched alike.
+ */
+static int peer_batch(struct peer *p, struct bench_msg *m, peer_item_fn item)
+{
+    uint32_t op = m->h.op, n = 0;
     int status = VMMT_OK, st;
-    uint32_t n = 0;
 
     for (;;) {
-        st = vmmt_consume(p->c, (const vmmt_desc *)m->payload, p->device, p->dst, p->cap, p->s,
-                          (int)m->h.rank, 1);
-        if (st != VMMT_OK && status == VMMT_OK) {
-            peer_error("vmmt_consume");
-            status = st;
-        }
+        st = item(p, m);
+        if (st != VMMT_OK && status == VMMT_OK) status = st;
         if (++n == PEER_BATCH || recv(PEER_FD, m, sizeof *m, MSG_DONTWAIT) < (ssize_t)sizeof m->h)
             break;
-        if (m->h.op != BOP_CONSUME) {
+        if (m->h.op != op) {
             p->pending = *m;
             p->has_pending = 1;
             break;
@@ -242,7 +265,7 @@ static int peer_consume(struct peer *p, struct bench_msg *m)
     }
     st = VMMT_CU(p->d, cuStreamSynchronize(p->s));
     if (st != VMMT_OK && status == VMMT_OK) {
-        peer_error("synchronizing after consume");
+        peer_error("synchronizing after a batch");
         status = st;
     }
     return peer_reply(status, n, 0);
@@ -282,19 +305,6 @@ static int peer_verify(struct peer *p, const struct bench_msg *m)
             st = vmmt__fail(VMMT_EPROTO, "byte %llu differs", (unsigned long long)j);
     if (h != NULL) p->d->cuMemFreeHost(h);
     if (st != VMMT_OK) peer_error("checking the copied bytes");
-    return peer_reply(st, 1, 0);
-}
-
-/* The two-process floor: this process's own copy of the same size, synchronized. */
-static int peer_copy(struct peer *p, const struct bench_msg *m)
-{
-    int st = VMMT_EINVAL;
-
-    if (m->h.nbytes <= p->cap / 2) {
-        st = VMMT_CU(p->d, cuMemcpyDtoDAsync(p->dst + p->cap / 2, p->dst, m->h.nbytes, p->s));
-        if (st == VMMT_OK) st = VMMT_CU(p->d, cuStreamSynchronize(p->s));
-    }
-    if (st != VMMT_OK) peer_error("the floor's copy");
     return peer_reply(st, 1, 0);
 }
 
@@ -353,11 +363,11 @@ static int peer_serve(struct peer *p)
         int r;
         switch (m.h.op) {
         case BOP_PING: r = peer_reply(VMMT_OK, 1, 0); break;
-        case BOP_CONSUME: r = peer_consume(p, &m); break;
+        case BOP_CONSUME: r = peer_batch(p, &m, peer_consume_one); break;
         case BOP_IPC: r = peer_ipc_copy(p, &m); break;
         case BOP_VERIFY: r = peer_verify(p, &m); break;
         case BOP_RESET: r = peer_reset(p); break;
-        case BOP_COPY: r = peer_copy(p, &m); break;
+        case BOP_COPY: r = peer_batch(p, &m, peer_copy_one); break;
         case BOP_MEMFD_ATTACH: r = peer_memfd_attach(p, &m); break;
         case BOP_MEMFD_COPY: r = peer_memfd_copy(p, &m); break;
         case BOP_END: return CLI_OK;

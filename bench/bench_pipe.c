@@ -4,7 +4,10 @@
  * run on the devices bench_peer_device gives them; the floor is each path's
  * copies done directly: the producer's copies into the pool as local DtoD,
  * the consumers' copies out of it as copies from the producer's device to
- * theirs, one stream per consumer device, all devices at once.
+ * theirs, one stream per consumer device, all devices at once. With every
+ * consumer on the producer's GPU, where processes time-slice the device and
+ * no copy done in one process shows that, the floor is the same pipeline run
+ * by the same processes without vmmt (s5_once with plain set).
  */
 #include <math.h>
 #include <poll.h>
@@ -36,10 +39,13 @@ struct s5_run {
     uint64_t size;
     uint32_t count, sent;
     uint64_t done[S5_PEERS];
+    int same;  /* every consumer on the producer's device */
+    int plain; /* this run is the same-GPU floor: no vmmt */
 };
 
 struct s5_series {
     struct bench_series *run, *local, *cross;
+    struct bench_series *plain; /* same GPU: the pipeline without vmmt */
 };
 
 /* ------------------------------------------------------------ one run */
@@ -86,16 +92,35 @@ static int s5_publish(struct s5_run *r, vmmt_desc *desc)
     return st;
 }
 
+/* The floor's message is as long as a descriptor's, so the sockets carry the same bytes. */
 static int s5_send_all(struct s5_run *r, const vmmt_desc *desc)
 {
     struct bench_msg m;
     int st = VMMT_OK;
 
     for (int k = 0; k < r->k && st == VMMT_OK; k++) {
-        bench_consume_msg(&m, desc, (uint32_t)k, r->size);
+        if (r->plain) {
+            memset(&m, 0, sizeof m);
+            m.h.op = BOP_COPY;
+            m.h.nbytes = r->size;
+        } else {
+            bench_consume_msg(&m, desc, (uint32_t)k, r->size);
+        }
         st = bench_peer_send(&r->peers[k], &m, VMMT_DESC_SIZE);
     }
     return st;
+}
+
+/*
+ * The floor's publish: the producer's copy of the message on its stream, as
+ * vmmt_publish enqueues it. Nothing orders the consumers' copies after it: a
+ * floor may leave out what a user would need, never add to it.
+ */
+static int s5_put(struct s5_run *r, vmmt_desc *desc)
+{
+    if (r->plain)
+        return VMMT_CU(r->e->d, cuMemcpyDtoDAsync(r->e->tmp, r->e->src, r->size, r->e->ps));
+    return s5_publish(r, desc);
 }
 
 static int s5_wait_all(struct s5_run *r, uint64_t until)
@@ -122,7 +147,7 @@ static int s5_once(struct s5_run *r, double *us)
     memset(r->done, 0, sizeof r->done);
     for (uint32_t i = 0; i < r->count && st == VMMT_OK; i++) {
         if (r->sent >= S5_WINDOW) st = s5_wait_all(r, r->sent - S5_WINDOW + 1);
-        if (st == VMMT_OK) st = s5_publish(r, &desc);
+        if (st == VMMT_OK) st = s5_put(r, &desc);
         if (st == VMMT_OK) st = s5_send_all(r, &desc);
         if (st == VMMT_OK) r->sent++;
         if (st == VMMT_OK) st = s5_collect(r, 0);
@@ -130,7 +155,7 @@ static int s5_once(struct s5_run *r, double *us)
     if (st == VMMT_OK) st = s5_wait_all(r, r->count);
     if (st == VMMT_OK) st = VMMT_CU(r->e->d, cuStreamSynchronize(r->e->ps));
     *us = bench_now_us() - t0;
-    return st == VMMT_OK ? vmmt_pool_drain(r->pool, DRAIN_MS) : st;
+    return st == VMMT_OK && !r->plain ? vmmt_pool_drain(r->pool, DRAIN_MS) : st;
 }
 
 /* -------------------------------------------------------------- floor */
@@ -185,7 +210,7 @@ static int s5_floor_cross(struct s5_run *r, double *us)
  * consumer's device come from this process's context there, and switching
  * between that and a consumer's context on every run would tax both.
  */
-static int s5_runs(struct s5_run *r, int runs, struct s5_series *s)
+static int s5_runs_apart(struct s5_run *r, int runs, struct s5_series *s)
 {
     int st = VMMT_OK;
     double a, b;
@@ -201,6 +226,35 @@ static int s5_runs(struct s5_run *r, int runs, struct s5_series *s)
         st = s5_once(r, &a);
         if (st == VMMT_OK && i > 0 && bench_series_add(s->run, a)) st = VMMT_ENOMEM;
     }
+    return st;
+}
+
+/*
+ * Every consumer on the producer's GPU: the floor is the same processes'
+ * pipeline without vmmt, so the two alternate run by run, as the same-GPU
+ * floors of S3 and S10 alternate sample by sample.
+ */
+static int s5_runs_same(struct s5_run *r, int runs, struct s5_series *s)
+{
+    int st = VMMT_OK;
+    double a, b;
+
+    for (int i = 0; i < runs + 1 && st == VMMT_OK; i++) {
+        r->plain = 1;
+        st = s5_once(r, &a);
+        r->plain = 0;
+        if (st == VMMT_OK) st = s5_once(r, &b);
+        if (st == VMMT_OK && i > 0 &&
+            (bench_series_add(s->plain, a) || bench_series_add(s->run, b)))
+            st = VMMT_ENOMEM;
+    }
+    return st;
+}
+
+static int s5_runs(struct s5_run *r, int runs, struct s5_series *s)
+{
+    int st = r->same ? s5_runs_same(r, runs, s) : s5_runs_apart(r, runs, s);
+
     for (int k = 0; k < r->k && st == VMMT_OK; k++)
         st = bench_peer_verify(&r->peers[k], r->size);
     return st;
@@ -235,21 +289,34 @@ static void s5_rows(struct s5_run *r, const struct s5_series *s, int goal)
     char sz[16], devs[32];
 
     bench_summarize(s->run, &m);
-    bench_summarize(s->local, &fl);
-    bench_summarize(s->cross, &fx);
-    floor_us = fl.p50 + fx.p50;
     bench_size_name(r->size, sz, sizeof sz);
+    if (r->same) {
+        bench_summarize(s->plain, &fl);
+        floor_us = fl.p50;
+    } else {
+        bench_summarize(s->local, &fl);
+        bench_summarize(s->cross, &fx);
+        floor_us = fl.p50 + fx.p50;
+    }
     row = bench_row_add(r->e->rep, "S5", "GB/s", "%d consumer(s) x %s, all copies", r->k, sz);
     bench_row_values(row, (own + theirs) / m.p50 / 1e3, (own + theirs) / m.p99 / 1e3,
                      (own + theirs) / floor_us / 1e3, floor_us / m.p50);
     if (goal) bench_row_goal(row, BENCH_GOAL_RATIO_MIN, S5_GOAL, 0);
-    bench_row_note(row,
-                   "%u messages, consumers on GPU %s; floor time = %u x %s on GPU %d at %.1f "
-                   "GB/s + %u x %s to the consumers' GPUs at %.1f GB/s (%d stream(s)); "
-                   "delivered to consumers %.2f GB/s",
-                   r->count, s5_devices(r, devs, sizeof devs), r->count, sz, r->e->device,
-                   own / fl.p50 / 1e3, r->count * (uint32_t)r->k, sz, theirs / fx.p50 / 1e3,
-                   s5_streams(r), theirs / m.p50 / 1e3);
+    if (r->same)
+        bench_row_note(row,
+                       "%u messages, consumers on GPU %s, the producer's; floor = the same "
+                       "pipeline without vmmt, run for run in turn: producer DtoD per message, "
+                       "each consumer a DtoD in its own memory, same messages, window, batches; "
+                       "delivered to consumers %.2f GB/s",
+                       r->count, s5_devices(r, devs, sizeof devs), theirs / m.p50 / 1e3);
+    else
+        bench_row_note(row,
+                       "%u messages, consumers on GPU %s; floor time = %u x %s on GPU %d at %.1f "
+                       "GB/s + %u x %s to the consumers' GPUs at %.1f GB/s (%d stream(s)); "
+                       "delivered to consumers %.2f GB/s",
+                       r->count, s5_devices(r, devs, sizeof devs), r->count, sz, r->e->device,
+                       own / fl.p50 / 1e3, r->count * (uint32_t)r->k, sz, theirs / fx.p50 / 1e3,
+                       s5_streams(r), theirs / m.p50 / 1e3);
     row = bench_row_add(r->e->rep, "S5", "msg/s", "%d consumer(s) x %s, messages", r->k, sz);
     bench_row_values(row, r->count / m.p50 * 1e6, r->count / m.p99 * 1e6, NAN, NAN);
     bench_row_note(row, "a message counts once it is consumed by all %d consumer(s)", r->k);
@@ -269,8 +336,14 @@ static int s5_series_new(struct s5_run *r, struct s5_series *s)
     struct bench_report *rep = r->e->rep;
     char sz[16];
 
+    memset(s, 0, sizeof *s);
     bench_size_name(r->size, sz, sizeof sz);
     s->run = bench_series_new(rep, "us", "S5 run of %u x %s to %d consumer(s)", r->count, sz, r->k);
+    if (r->same) {
+        s->plain = bench_series_new(rep, "us", "S5 floor run without vmmt, same GPU, %u x %s to %d",
+                                    r->count, sz, r->k);
+        return s->run && s->plain ? VMMT_OK : VMMT_ENOMEM;
+    }
     s->local = bench_series_new(rep, "us", "S5 floor %u local DtoD of %s", r->count, sz);
     s->cross = bench_series_new(rep, "us", "S5 floor %u copies of %s to the consumers' GPUs",
                                 r->count * (uint32_t)r->k, sz);
@@ -319,6 +392,9 @@ static int s5_start(struct s5_run *r, int *dev, uint64_t big)
             return vmmt_last_status();
         if (bench_peer_spawn(r->e, dev[k], &r->peers[k]) != VMMT_OK) return vmmt_last_status();
     }
+    r->same = 1;
+    for (int k = 0; k < S5_PEERS; k++)
+        r->same &= dev[k] == r->e->device;
     return VMMT_OK;
 }
 

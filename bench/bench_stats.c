@@ -120,11 +120,11 @@ void bench_row_goal(struct bench_row *row, enum bench_goal goal, double limit, d
     switch (goal) {
     case BENCH_GOAL_NONE: row->met = -1; return;
     case BENCH_GOAL_RATIO_MAX:
-        snprintf(row->target, sizeof row->target, "<= %.2gx", limit);
+        snprintf(row->target, sizeof row->target, "<= %gx", limit);
         row->met = row->ratio <= limit;
         break;
     case BENCH_GOAL_RATIO_MIN:
-        snprintf(row->target, sizeof row->target, ">= %.2gx", limit);
+        snprintf(row->target, sizeof row->target, ">= %gx", limit);
         row->met = row->ratio >= limit;
         break;
     case BENCH_GOAL_ABS_MAX:
@@ -132,8 +132,7 @@ void bench_row_goal(struct bench_row *row, enum bench_goal goal, double limit, d
         row->met = row->p50 <= abs_limit;
         break;
     case BENCH_GOAL_BOTH_MAX:
-        snprintf(row->target, sizeof row->target, "<= %g %s, <= %.2gx", abs_limit, row->unit,
-                 limit);
+        snprintf(row->target, sizeof row->target, "<= %g %s, <= %gx", abs_limit, row->unit, limit);
         row->met = row->p50 <= abs_limit && row->ratio <= limit;
         break;
     }

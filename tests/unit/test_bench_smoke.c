@@ -96,6 +96,31 @@ static void test_bench_quick_emu(void **state)
     free(json);
 }
 
+/*
+ * Peers on the producer's GPU: every row's floor is measured by two (or
+ * more) processes without vmmt, alternating with the row's own samples,
+ * never summed from parts one process timed. Before the fix, S3's same-GPU
+ * floor was measured after one-process parts that absorbed a context switch
+ * (172 us against S10's 329 us on one H200), and S5's floor counted the
+ * copies at one-process rates.
+ */
+static void test_bench_same_gpu_floors(void **state)
+{
+    const char *args[] = {"bench", "--driver", "emu",   "--quick", "--peer-device",
+                          "0",     "--only",   "S3,S5", NULL};
+    (void)state;
+    if (run_tool(args, g_out) != 0) fail_msg("vmmt bench exited non-zero:\n%s", g_out);
+    assert_contains(g_out, "peer processes on GPU 0,0,0,0");
+    assert_contains(g_out, "S3  end to end, 2 processes 4 KiB");
+    assert_contains(g_out, "floor = the two-process floor (producer DtoD+sync, then the peer's");
+    assert_contains(g_out, "alternating with the round trips");
+    assert_contains(g_out, "consumers on GPU 0,0,0,0, the producer's; floor = the same pipeline");
+    if (strstr(g_out, "one-process parts") != NULL || strstr(g_out, "socket ping-pong p50") != NULL)
+        fail_msg("a same-GPU floor is made of one-process parts:\n%s", g_out);
+    if (strstr(g_out, "to the consumers' GPUs at") != NULL)
+        fail_msg("S5's same-GPU floor counts copies at one-process rates:\n%s", g_out);
+}
+
 static void test_bench_bad_option(void **state)
 {
     const char *args[] = {"bench", "--only", "S12", NULL};
@@ -116,6 +141,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bench_quick_emu),
+        cmocka_unit_test(test_bench_same_gpu_floors),
         cmocka_unit_test(test_bench_bad_option),
         cmocka_unit_test(test_bench_peer_device_missing),
     };
