@@ -185,6 +185,34 @@ int vmmtpy_desc_arg(PyObject *o, vmmt_desc *d)
     return 0;
 }
 
+static PyObject *desc_type, *bytes_new;
+
+PyObject *vmmtpy_desc_new(const uint8_t *bytes)
+{
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)bytes, VMMT_DESC_SIZE), *out;
+
+    if (raw == NULL || desc_type == NULL) return raw;
+    out = PyObject_CallFunctionObjArgs(bytes_new, desc_type, raw, NULL);
+    Py_DECREF(raw);
+    return out;
+}
+
+static PyObject *py_set_descriptor_type(PyObject *self, PyObject *cls)
+{
+    (void)self;
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyBytes_Type)) {
+        PyErr_SetString(PyExc_TypeError, "the descriptor type must be a subclass of bytes");
+        return NULL;
+    }
+    if (bytes_new == NULL &&
+        (bytes_new = PyObject_GetAttrString((PyObject *)&PyBytes_Type, "__new__")) == NULL)
+        return NULL;
+    Py_INCREF(cls);
+    Py_XDECREF(desc_type);
+    desc_type = cls;
+    Py_RETURN_NONE;
+}
+
 /* The decoded descriptor as a tuple (see vmmt/__init__.py, Descriptor). */
 static PyObject *py_desc_inspect(PyObject *self, PyObject *arg)
 {
@@ -328,6 +356,8 @@ static PyMethodDef methods[] = {
     {"mem_copy", py_mem_copy, METH_VARARGS, "mem_copy(device, dst, src, nbytes, stream=0)."},
     {"stream_synchronize", py_stream_synchronize, METH_VARARGS,
      "stream_synchronize(device, stream=0)."},
+    {"_set_descriptor_type", py_set_descriptor_type, METH_O,
+     "Private: the bytes subclass that publishes return (vmmt.Descriptor)."},
     {"_bench_c", vmmtpy_bench_c, METH_VARARGS,
      "Benchmark only: the C API's cost per publish and per consume, in this process."},
 #ifdef VMMT_PY_EMU_BUILTIN

@@ -3,21 +3,32 @@
  * reads each tensor's pointer, dtype and shape itself and publishes them in
  * one call. A stream-ordered publish returns before its copy has run, so the
  * source tensors must outlive the copy: the pool keeps each publish's
- * managed tensors with an event recorded after it, and calls their deleters
- * once the event has completed (checked at every publish, reclaim, drain and
- * close), never earlier.
+ * sources and gives them back once the copy is proven done (checked at every
+ * publish, reclaim, drain and close), never earlier.
+ *
+ * The proof: where the control table is in host memory (POSIX_FD pools, the
+ * default), the publish's own ready word, which the stream writes after the
+ * copy; reading it is a plain load, where an event per publish costs a
+ * cuEventCreate/cuEventRecord on the hot path. Elsewhere (a device control
+ * table, FABRIC), an event recorded after the publish.
  */
 #include <string.h>
+#include <time.h>
 
 #include "py_vmmt.h"
 
+#include "ctrl.h"
+#include "desc.h"
 #include "driver.h"
+#include "pool_internal.h"
 #include "status.h"
 
-/* The sources of one publish, alive until `done` has completed. */
+/* The sources of one publish, alive until its copy is proven done. */
 struct keep {
     struct keep *next;
-    CUevent done;
+    CUevent done; /* the event proof; NULL with by_ready or a failed event */
+    int by_ready; /* proven by the ready word of (slot, gen) instead */
+    uint32_t slot, gen;
     PyObject *owners; /* publish_raw: the arrays themselves (a tuple) */
     size_t n;
     struct vmmtpy_src src[];
@@ -32,6 +43,7 @@ typedef struct {
     CUevent spare[8];   /* events to reuse: creating one per publish costs microseconds */
     int spare_count;
     Py_ssize_t kept_count;
+    int uses_events; /* no host control table: copies are proven by events */
 } PoolObject;
 
 static void keep_release(struct keep *k)
@@ -50,30 +62,80 @@ static void unlink_keep(PoolObject *self, struct keep **pp, struct keep *k)
 }
 
 /*
+ * Whether a publish proven by its ready word has landed: the word shows its
+ * generation, or a later occupant's (the slot is given a new generation only
+ * after the ready word showed this one). The table stays mapped while the
+ * pool is open, and no such entry is kept past close (publish_taken).
+ */
+static int landed(const PoolObject *self, const struct keep *k)
+{
+    const struct vmmt_pool *p = self->pool;
+    const uint32_t *word = &p->table_host[vmmt__ctrl_ready(0, p->stride, k->slot) / 4];
+
+    return vmmt__occupant_of(vmmt__ctrl_load(word), k->gen) != VMMT__OCC_COPYING;
+}
+
+/* Wait for a ready word without the GIL, bounded by the pool's timeout_ms. */
+static int wait_landed(PoolObject *self, const struct keep *k)
+{
+    const struct timespec nap = {0, 50 * 1000};
+    long bound = (long)(self->pool->cfg.timeout_ms > 0 ? self->pool->cfg.timeout_ms : 5000) * 20;
+
+    for (long i = 0; !landed(self, k); i++) {
+        if (i >= bound)
+            return vmmt__fail(VMMT_ETIMEDOUT,
+                              "a publish's copy (slot %u, generation %u) did not land within "
+                              "timeout_ms=%d; its sources stay alive",
+                              k->slot, k->gen, self->pool->cfg.timeout_ms);
+        Py_BEGIN_ALLOW_THREADS;
+        nanosleep(&nap, NULL);
+        Py_END_ALLOW_THREADS;
+    }
+    return VMMT_OK;
+}
+
+/* Whether k's copy is done: 1 yes, 0 not yet, -1 the check failed (error set). */
+static int keep_done(PoolObject *self, const struct vmmt_drv *d, const struct keep *k)
+{
+    CUresult r;
+
+    if (k->by_ready) return landed(self, k);
+    if (k->done == NULL) return 1;
+    r = d->cuEventQuery(k->done);
+    if (r == CUDA_ERROR_NOT_READY) return 0;
+    if (r == CUDA_SUCCESS) return 1;
+    vmmt__cu_fail(r, "checking that a publish's copy finished");
+    return -1;
+}
+
+/*
  * Give back the sources whose copies are done; with `wait`, all of them,
  * waiting for each copy without the GIL. An entry leaves the list before
  * the GIL is released or any deleter runs (deleters run Python code, which
  * may publish again), so no other thread or reentrant call ever sees it.
- * A failed event says nothing about the copy: those sources stay alive
+ * A failed check says nothing about the copy: those sources stay alive
  * forever. GIL held.
  */
 static int retire(PoolObject *self, int wait)
 {
-    const struct vmmt_drv *d;
+    const struct vmmt_drv *d = NULL;
     struct keep **pp = &self->kept, *k, *done = NULL;
-    int st = VMMT_OK;
+    int st = VMMT_OK, entered = 0;
 
     if (self->kept == NULL) return VMMT_OK;
-    d = vmmt__drv();
-    if (d == NULL || vmmt__ctx_enter(self->device) != VMMT_OK) return vmmt_last_status();
+    if (self->uses_events) {
+        d = vmmt__drv();
+        if (d == NULL || vmmt__ctx_enter(self->device) != VMMT_OK) return vmmt_last_status();
+        entered = 1;
+    }
     while ((k = *pp) != NULL) {
-        CUresult r = k->done != NULL ? d->cuEventQuery(k->done) : CUDA_SUCCESS;
-        if (r == CUDA_ERROR_NOT_READY) {
+        int r = keep_done(self, d, k);
+        if (r == 0) {
             pp = &k->next;
             continue;
         }
-        if (r != CUDA_SUCCESS) {
-            st = vmmt__cu_fail(r, "checking that a publish's copy finished");
+        if (r < 0) {
+            st = vmmt_last_status();
             k->n = 0;
             k->owners = NULL;
         }
@@ -82,29 +144,33 @@ static int retire(PoolObject *self, int wait)
         done = k;
     }
     while (wait && (k = self->kept) != NULL) {
-        CUresult r = CUDA_SUCCESS;
+        int r = VMMT_OK;
         unlink_keep(self, &self->kept, k);
-        if (k->done != NULL) {
+        if (k->by_ready) {
+            r = wait_landed(self, k);
+        } else if (k->done != NULL) {
+            CUresult cr;
             Py_BEGIN_ALLOW_THREADS;
-            r = d->cuEventSynchronize(k->done);
+            cr = d->cuEventSynchronize(k->done);
             Py_END_ALLOW_THREADS;
+            if (cr != CUDA_SUCCESS) r = vmmt__cu_fail(cr, "waiting for a publish's copy to finish");
         }
-        if (r != CUDA_SUCCESS) {
-            st = vmmt__cu_fail(r, "waiting for a publish's copy to finish");
+        if (r != VMMT_OK) {
+            st = r;
             k->n = 0;
             k->owners = NULL;
         }
         k->next = done;
         done = k;
     }
-    for (k = done; k != NULL; k = k->next) {
+    for (k = done; entered && k != NULL; k = k->next) {
         if (k->done == NULL) continue;
         if (self->spare_count < (int)(sizeof self->spare / sizeof self->spare[0]))
             self->spare[self->spare_count++] = k->done;
         else
             d->cuEventDestroy(k->done);
     }
-    vmmt__ctx_leave();
+    if (entered) vmmt__ctx_leave();
     while ((k = done) != NULL) {
         done = k->next;
         keep_release(k);
@@ -173,6 +239,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
     }
     self->device = c.device;
     self->tail = &self->kept;
+    self->uses_events = !self->pool->host_table || self->pool->table_host == NULL;
     return 0;
 }
 
@@ -262,14 +329,37 @@ static PyObject *publish_taken(PoolObject *self, struct keep *k, vmmt_buffer *bu
     }
     out = PyList_New(n);
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        PyObject *b = PyBytes_FromStringAndSize((const char *)descs[i].bytes, VMMT_DESC_SIZE);
+        PyObject *b = vmmtpy_desc_new(descs[i].bytes);
         if (b == NULL)
             Py_CLEAR(out);
         else
             PyList_SetItem(out, i, b);
     }
-    /* The copy is on `stream`: keep the sources until it has passed. */
-    if (record_done(self, stream, &k->done) != VMMT_OK) {
+    if (self->closed) {
+        /* Closed meanwhile by another thread: no proof outlives the pool, so wait now. */
+        if (vmmt__ctx_enter(self->device) == VMMT_OK) {
+            if (vmmt__drv()->cuStreamSynchronize((CUstream)stream) != CUDA_SUCCESS) k = NULL;
+            vmmt__ctx_leave();
+        } else {
+            k = NULL; /* unknown: the sources stay alive */
+        }
+        goto out;
+    }
+    if (!self->uses_events) {
+        struct vmmt__desc dd;
+        if (vmmt__desc_decode(descs[0].bytes, &dd) != VMMT_OK) {
+            vmmtpy_raise(vmmt_last_status());
+            Py_CLEAR(out);
+            k = NULL; /* cannot be tracked: the sources stay alive */
+            goto out;
+        }
+        k->by_ready = 1;
+        k->slot = dd.slot;
+        k->gen = dd.generation;
+        /* A synchronous hand-off, or a host pool's CPU copy, has landed already. */
+        if (landed(self, k)) goto out;
+    } else if (record_done(self, stream, &k->done) != VMMT_OK) {
+        /* The copy is on `stream`: keep the sources until an event after it has passed. */
         vmmtpy_raise(vmmt_last_status());
         Py_CLEAR(out);
         /* Without an event the only safe point is after a synchronize. */
@@ -352,6 +442,32 @@ static PyObject *pool_publish(PoolObject *self, PyObject *args)
     return publish_taken(self, k, bufs, n, stream, none_when_full);
 }
 
+/* One raw item into b: shape is any sequence of ints. 0, or -1 with an error set. */
+static int raw_fill(vmmt_buffer *b, unsigned long long ptr, unsigned long long nbytes, int code,
+                    int bits, int lanes, PyObject *shape, int loc)
+{
+    b->ndim = (int)PySequence_Size(shape);
+    if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "tensor has %d dimensions; vmmt carries at most %d",
+                         b->ndim, VMMT_MAX_DIMS);
+        return -1;
+    }
+    for (int d = 0; d < b->ndim; d++) {
+        PyObject *v = PySequence_GetItem(shape, d);
+        b->shape[d] = v ? PyLong_AsLongLong(v) : -1;
+        Py_XDECREF(v);
+        if (PyErr_Occurred()) return -1;
+    }
+    b->ptr = ptr;
+    b->nbytes = nbytes;
+    b->dtype.code = (uint8_t)code;
+    b->dtype.bits = (uint8_t)bits;
+    b->dtype.lanes = (uint16_t)lanes;
+    b->location = loc;
+    return 0;
+}
+
 /*
  * publish_raw(items, stream, none_when_full): the fast path for arrays whose
  * library is known (PyTorch), without a DLPack capsule. Each item is
@@ -381,27 +497,13 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
         PyObject *item = PySequence_GetItem(seq, i), *owner, *shape;
         unsigned long long ptr, nbytes;
         int code, bits, lanes, loc, ok;
-        vmmt_buffer *b = &bufs[i];
 
         ok = item != NULL && PyArg_ParseTuple(item, "OKKiiiOi", &owner, &ptr, &nbytes, &code, &bits,
                                               &lanes, &shape, &loc);
         if (ok) {
             Py_INCREF(owner);
             PyTuple_SetItem(owners, i, owner);
-            b->ndim = (int)PySequence_Size(shape);
-            if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS) {
-                if (!PyErr_Occurred())
-                    PyErr_Format(PyExc_ValueError,
-                                 "tensor has %d dimensions; vmmt carries at most %d", b->ndim,
-                                 VMMT_MAX_DIMS);
-                ok = 0;
-            }
-        }
-        for (int d = 0; ok && d < b->ndim; d++) {
-            PyObject *v = PySequence_GetItem(shape, d);
-            b->shape[d] = v ? PyLong_AsLongLong(v) : -1;
-            Py_XDECREF(v);
-            ok = !PyErr_Occurred();
+            ok = raw_fill(&bufs[i], ptr, nbytes, code, bits, lanes, shape, loc) == 0;
         }
         Py_XDECREF(item);
         if (!ok) {
@@ -410,14 +512,42 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
             PyMem_Free(bufs);
             return NULL;
         }
-        b->ptr = ptr;
-        b->nbytes = nbytes;
-        b->dtype.code = (uint8_t)code;
-        b->dtype.bits = (uint8_t)bits;
-        b->dtype.lanes = (uint16_t)lanes;
-        b->location = loc;
     }
     return publish_taken(self, k, bufs, n, stream, none_when_full);
+}
+
+/*
+ * publish_tensor(owner, ptr, nbytes, code, bits, shape, location, stream)
+ * -> Descriptor: publish_raw for one array of one lane, without the lists
+ * (the hot path of Pool.publish for a PyTorch tensor).
+ */
+static PyObject *pool_publish_tensor(PoolObject *self, PyObject *args)
+{
+    PyObject *owner, *shape, *list, *one;
+    unsigned long long ptr, nbytes;
+    int code, bits, loc;
+    void *stream = NULL;
+    struct keep *k;
+    vmmt_buffer *bufs;
+
+    if (!PyArg_ParseTuple(args, "OKKiiOiO&", &owner, &ptr, &nbytes, &code, &bits, &shape, &loc,
+                          vmmtpy_stream_conv, &stream))
+        return NULL;
+    if (check_open(self) != 0 || prepare(self, 1, &k, &bufs) != 0) return NULL;
+    Py_INCREF(owner);
+    k->owners = owner;
+    if (raw_fill(&bufs[0], ptr, nbytes, code, bits, 1, shape, loc) != 0) {
+        keep_release(k);
+        PyMem_Free(k);
+        PyMem_Free(bufs);
+        return NULL;
+    }
+    list = publish_taken(self, k, bufs, 1, stream, 0);
+    if (list == NULL) return NULL;
+    one = PyList_GetItem(list, 0);
+    Py_INCREF(one);
+    Py_DECREF(list);
+    return one;
 }
 
 static PyObject *pool_cancel(PoolObject *self, PyObject *arg)
@@ -579,6 +709,8 @@ static PyMethodDef pool_methods[] = {
      "publish(capsules, stream, none_when_full=False) -> list of descriptor bytes"},
     {"publish_raw", (PyCFunction)pool_publish_raw, METH_VARARGS,
      "publish_raw(items, stream, none_when_full=False): the capsule-free fast path"},
+    {"publish_tensor", (PyCFunction)pool_publish_tensor, METH_VARARGS,
+     "publish_tensor(owner, ptr, nbytes, code, bits, shape, location, stream) -> Descriptor"},
     {"cancel", (PyCFunction)pool_cancel, METH_O, "cancel(descriptor bytes)"},
     {"reclaim", (PyCFunction)pool_reclaim, METH_NOARGS, "reclaim() -> slices freed"},
     {"drain", (PyCFunction)pool_drain, METH_VARARGS, "drain(timeout_ms=5000)"},

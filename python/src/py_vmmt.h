@@ -26,6 +26,14 @@ extern PyObject *vmmtpy_Error, *vmmtpy_PoolFull, *vmmtpy_Timeout;
  */
 PyObject *vmmtpy_raise(int status);
 
+/*
+ * A new vmmt.Descriptor (the Python bytes subclass, registered by the
+ * package through _set_descriptor_type) holding these 512 bytes, made by
+ * bytes.__new__ without the validation of Descriptor(): the library just
+ * built them. Plain bytes before the type is registered.
+ */
+PyObject *vmmtpy_desc_new(const uint8_t *bytes);
+
 /* A 512-byte descriptor from bytes; ValueError otherwise. */
 int vmmtpy_desc_arg(PyObject *o, vmmt_desc *d);
 

@@ -61,21 +61,35 @@ def test_failures_leak_nothing(no_leaks):
     assert sys.getrefcount(a) == refs
 
 
-def test_sources_kept_until_copy_done_then_released(no_leaks):
+def test_pageable_source_released_at_once(no_leaks):
+    # A pageable host source is copied before publish returns: nothing to keep.
     a = np.arange(4096, dtype=np.uint8)
     refs = sys.getrefcount(a)
     with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
         d = pool.publish(a)
-        # The capsule's reference stays with the pool until its copy is known done.
-        assert pool._pool.pending() == 1
-        assert sys.getrefcount(a) == refs + 1
-        consumer.consume(d)
-        pool.drain(5000)
         assert pool._pool.pending() == 0
         assert sys.getrefcount(a) == refs
-        pool.publish(a)
-    gc.collect()  # close() gave the last one back
+        consumer.consume(d)
+        pool.drain(5000)
+    gc.collect()
     assert sys.getrefcount(a) == refs
+
+
+def test_device_source_given_back_once_landed(no_leaks):
+    # A device source (a consumed buffer, relayed): kept only while its copy
+    # may run, proven by the publish's ready word; given back by drain at the latest.
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        dev = consumer.consume(pool.publish(np.arange(4096, dtype=np.uint8)))
+        refs = sys.getrefcount(dev)
+        for _ in range(20):
+            d = pool.publish(dev)
+            assert pool._pool.pending() <= 1
+            assert np.array_equal(np.from_dlpack(consumer.consume(d)), np.arange(4096) % 256)
+        pool.drain(5000)
+        assert pool._pool.pending() == 0
+        assert sys.getrefcount(dev) == refs
+        del dev
+    gc.collect()
 
 
 def test_buffer_lives_while_arrays_use_it(no_leaks):

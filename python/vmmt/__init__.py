@@ -106,15 +106,68 @@ def _library_of(array):
     return type(array).__module__.split(".")[0] if array is not None else None
 
 
+class _Torch:
+    """PyTorch's names on the hot path, looked up once (attribute chains such
+    as torch.cuda.current_stream cost microseconds per call)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.Tensor = torch.Tensor
+        self.strided = torch.strided
+        self.has_nbytes = hasattr(torch.Tensor, "nbytes")
+        self.dl = {}  # torch.dtype -> DLPack (code, bits)
+        for name, dl in (("float32", (2, 32)), ("float64", (2, 64)), ("float16", (2, 16)),
+                         ("bfloat16", (4, 16)), ("int8", (0, 8)), ("int16", (0, 16)),
+                         ("int32", (0, 32)), ("int64", (0, 64)), ("uint8", (1, 8)),
+                         ("bool", (6, 8)), ("complex64", (5, 64)), ("complex128", (5, 128))):
+            if hasattr(torch, name):
+                self.dl[getattr(torch, name)] = dl
+        # The current stream as an int without building a torch.cuda.Stream
+        # (PyTorch 1.13 and newer); else through the public API.
+        raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+        self.raw_stream = raw if raw is not None else (
+            lambda device: torch.cuda.current_stream(device).cuda_stream)
+        self._available = None
+
+    def available(self):
+        if self._available is None:
+            self._available = bool(self.torch.cuda.is_available())
+        return self._available
+
+    def stream(self, device):
+        """The current stream on `device` (CUDA initialised on first use, as PyTorch does)."""
+        if not self.torch.cuda.is_initialized():
+            return self.torch.cuda.current_stream(device).cuda_stream
+        return self.raw_stream(device)
+
+
+_TORCH = None  # a _Torch once torch is imported; False on the emulated driver
+
+
+def _torch():
+    """The _Torch for an imported PyTorch, None when it is not (yet) imported or unused."""
+    global _TORCH
+    if _TORCH is not None:
+        return _TORCH or None
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None  # asked again: it may be imported later
+    if _on_emu():
+        _TORCH = False  # the libraries' streams and memory belong to the real driver
+        return None
+    _TORCH = _Torch(torch)
+    return _TORCH
+
+
 def _current_stream(device, array=None):
     """The current stream of the array's library (PyTorch, CuPy) on `device`, else 0."""
     if _on_emu():
         return 0  # the libraries' streams belong to the real driver
     lib = _library_of(array)
-    torch = sys.modules.get("torch")
-    if torch is not None and lib in ("torch", None) and torch.cuda.is_available() and \
-            (lib == "torch" or torch.cuda.is_initialized()):
-        return torch.cuda.current_stream(device).cuda_stream
+    t = _torch()
+    if t is not None and lib in ("torch", None) and t.available() and \
+            (lib == "torch" or t.torch.cuda.is_initialized()):
+        return t.stream(device)
     cupy = sys.modules.get("cupy")
     if cupy is not None and lib in ("cupy", None):
         with cupy.cuda.Device(device):
@@ -162,32 +215,22 @@ def _capsule(array, stream):
 _PRE_DLPACK_1 = set()
 
 
-_TORCH_DL = {}  # torch.dtype -> DLPack (code, bits)
-
-
 def _torch_items(arrays, device):
     """publish_raw items for contiguous PyTorch tensors on `device` or the CPU,
     or None when any array is something else (then DLPack is the path)."""
-    torch = sys.modules.get("torch")
-    if torch is None or _on_emu():
+    t = _torch()
+    if t is None:
         return None
-    if not _TORCH_DL:
-        for name, dl in (("float32", (2, 32)), ("float64", (2, 64)), ("float16", (2, 16)),
-                         ("bfloat16", (4, 16)), ("int8", (0, 8)), ("int16", (0, 16)),
-                         ("int32", (0, 32)), ("int64", (0, 64)), ("uint8", (1, 8)),
-                         ("bool", (6, 8)), ("complex64", (5, 64)), ("complex128", (5, 128))):
-            if hasattr(torch, name):
-                _TORCH_DL[getattr(torch, name)] = dl
     items = []
     for a in arrays:
-        if type(a) is not torch.Tensor or a.layout != torch.strided or a.is_conj() or \
+        if type(a) is not t.Tensor or a.layout is not t.strided or a.is_conj() or \
                 a.is_neg() or not a.is_contiguous():
             return None
-        dl = _TORCH_DL.get(a.dtype)
+        dl = t.dl.get(a.dtype)
         if dl is None:
             return None
         if a.is_cuda:
-            if a.device.index != device:
+            if a.get_device() != device:
                 return None  # its stream is another device's: let DLPack order it
             location = 0
         elif a.device.type == "cpu":
@@ -195,7 +238,7 @@ def _torch_items(arrays, device):
         else:
             return None
         items.append((a, a.data_ptr(), a.numel() * a.element_size(), dl[0], dl[1], 1,
-                      tuple(a.shape), location))
+                      a.shape, location))
     return items
 
 
@@ -299,15 +342,22 @@ class Pool:
         # costs several microseconds, and on its current stream orders nothing.
         items = _torch_items(arrays, self.device) if stream is None else None
         if items is not None:
-            raw = self._pool.publish_raw(items, s, none_when_full)
-        else:
-            raw = self._pool.publish([_capsule(a, s) for a in arrays], s, none_when_full)
-        if raw is None:
-            return None
-        return [Descriptor._trusted(b) for b in raw]
+            return self._pool.publish_raw(items, s, none_when_full)
+        return self._pool.publish([_capsule(a, s) for a in arrays], s, none_when_full)
 
     def publish(self, array, stream=None):
         """Publish one array; raises PoolFull when there is no room now."""
+        t = _TORCH or _torch()
+        # The hot path: a contiguous CUDA tensor of this device on PyTorch's
+        # current stream, checked and described with the fewest calls.
+        if t and stream is None and type(array) is t.Tensor and array.is_cuda and \
+                array.is_contiguous() and array.layout is t.strided and not array.is_conj() and \
+                not array.is_neg() and t.has_nbytes and array.get_device() == self.device:
+            dl = t.dl.get(array.dtype)
+            if dl is not None:
+                return self._pool.publish_tensor(array, array.data_ptr(), array.nbytes, dl[0],
+                                                 dl[1], array.shape, 0,
+                                                 t.raw_stream(self.device))
         return self._publish([array], stream, False)[0]
 
     def publish_many(self, arrays, stream=None):
@@ -362,10 +412,9 @@ def _ranks(ranks):
 
 
 def _default_device():
-    torch = sys.modules.get("torch")
-    if torch is not None and not _on_emu() and torch.cuda.is_available() and \
-            torch.cuda.is_initialized():
-        return torch.cuda.current_device()
+    t = _torch()
+    if t is not None and t.available() and t.torch.cuda.is_initialized():
+        return t.torch.cuda.current_device()
     cupy = sys.modules.get("cupy")
     if cupy is not None and not _on_emu():
         return cupy.cuda.Device().id
@@ -397,13 +446,13 @@ class Consumer:
         return self._consume_into(raw, device, out, stream, first, count)
 
     def _consume_into(self, raw, device, out, stream, first, count):
-        torch = sys.modules.get("torch")
-        if torch is not None and stream is None and type(out) is torch.Tensor and out.is_cuda \
-                and out.is_contiguous() and not _on_emu() and device in (None, out.device.index):
+        t = _TORCH or _torch()
+        if t and stream is None and type(out) is t.Tensor and out.is_cuda \
+                and out.is_contiguous() and device in (None, out.get_device()):
             # The current stream is the tensor's own: nothing to order, no DLPack needed.
-            device = out.device.index
+            device = out.get_device()
             self._c.consume_into(raw, device, out.data_ptr(), out.numel() * out.element_size(),
-                                 torch.cuda.current_stream(device).cuda_stream, first, count)
+                                 t.raw_stream(device), first, count)
             return out
         kind, dev_id = out.__dlpack_device__()
         if device is None:
@@ -457,3 +506,4 @@ class Consumer:
 
 
 Buffer = _vmmt.Buffer
+_vmmt._set_descriptor_type(Descriptor)
