@@ -37,6 +37,7 @@ typedef struct {
     int ndim;
     int64_t shape[VMMT_MAX_DIMS];
     int64_t strides[VMMT_MAX_DIMS];
+    PyObject *keeper; /* a view (reservation): the memory is keeper's, not freed here */
 } BufferObject;
 
 /* One exported tensor: the managed struct first, so the deleter finds the block. */
@@ -64,6 +65,7 @@ PyObject *vmmtpy_buffer_new(int device, uint64_t ptr, uint64_t nbytes, const vmm
     b->host_view = host_view;
     b->synced = 0;
     b->stream = stream;
+    b->keeper = NULL;
     /* An untyped descriptor becomes a flat array of bytes. */
     if (info->dtype.bits == 0) {
         b->dtype.code = kDLUInt;
@@ -82,6 +84,21 @@ PyObject *vmmtpy_buffer_new(int device, uint64_t ptr, uint64_t nbytes, const vmm
         b->strides[k] = stride;
         stride *= b->shape[k] ? b->shape[k] : 1;
     }
+    return (PyObject *)b;
+}
+
+PyObject *vmmtpy_buffer_view(int device, uint64_t ptr, uint64_t nbytes, int host_view,
+                             PyObject *keeper)
+{
+    vmmt_desc_info info;
+    BufferObject *b;
+
+    memset(&info, 0, sizeof info);
+    b = (BufferObject *)vmmtpy_buffer_new(device, ptr, nbytes, &info, NULL, host_view);
+    if (b == NULL) return NULL;
+    b->synced = 1; /* nothing was copied into it: no stream to wait for */
+    Py_INCREF(keeper);
+    b->keeper = keeper;
     return (PyObject *)b;
 }
 
@@ -290,6 +307,12 @@ static void buffer_dealloc(BufferObject *self)
      * emulator's does not (a queued copy would then fault), so wait for the
      * copy there first.
      */
+    if (self->keeper != NULL) {
+        Py_CLEAR(self->keeper);
+        tp_free(self);
+        Py_DECREF(tp);
+        return;
+    }
     if (!self->synced && vmmtpy_on_emu() && self->stream != NULL &&
         vmmt__ctx_enter(self->device) == VMMT_OK) {
         vmmt__drv()->cuStreamSynchronize((CUstream)self->stream);

@@ -12,6 +12,7 @@
  * cuEventCreate/cuEventRecord on the hot path. Elsewhere (a device control
  * table, FABRIC), an event recorded after the publish.
  */
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 
@@ -181,16 +182,30 @@ static int retire(PoolObject *self, int wait)
 
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {
-        "device",      "memory_size",          "consumer_count", "max_slices",
-        "handle_type", "allow_posix_fallback", "round_up",       "broker_path",
-        "timeout_ms",  "recycle_interval_us",  "handoff",        "device_control_table",
-        NULL};
+    static char *kwlist[] = {"device",
+                             "memory_size",
+                             "consumer_count",
+                             "max_slices",
+                             "handle_type",
+                             "allow_posix_fallback",
+                             "round_up",
+                             "broker_path",
+                             "timeout_ms",
+                             "recycle_interval_us",
+                             "handoff",
+                             "device_control_table",
+                             "memory_location",
+                             "host_numa_node",
+                             "elastic",
+                             "chunk_size",
+                             "min_resident",
+                             "idle_release_ms",
+                             NULL};
     vmmt_pool_config c;
-    const char *handle = "auto", *handoff = "auto", *broker = NULL;
-    unsigned long long size = 0;
-    unsigned int max_slices, recycle;
-    int fallback, round_up, dct, st;
+    const char *handle = "auto", *handoff = "auto", *broker = NULL, *location = "device";
+    unsigned long long size = 0, chunk, min_resident;
+    unsigned int max_slices, recycle, idle;
+    int fallback, round_up, dct, elastic, st;
     vmmt_handle_type ht;
 
     if (self->pool != NULL) {
@@ -203,10 +218,27 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
     fallback = c.allow_posix_fallback;
     round_up = c.round_up;
     dct = c.device_control_table;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iKi|IsppziIsp", kwlist, &c.device, &size,
+    elastic = c.elastic;
+    chunk = c.chunk_size;
+    min_resident = c.min_resident;
+    idle = c.idle_release_ms;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iKi|IsppziIspsipKKI", kwlist, &c.device, &size,
                                      &c.consumer_count, &max_slices, &handle, &fallback, &round_up,
-                                     &broker, &c.timeout_ms, &recycle, &handoff, &dct))
+                                     &broker, &c.timeout_ms, &recycle, &handoff, &dct, &location,
+                                     &c.host_numa_node, &elastic, &chunk, &min_resident, &idle))
         return -1;
+    if (strcmp(location, "device") == 0)
+        c.memory_location = VMMT_MEMORY_DEVICE;
+    else if (strcmp(location, "host") == 0)
+        c.memory_location = VMMT_MEMORY_HOST;
+    else {
+        PyErr_Format(PyExc_ValueError, "memory_location='%s'; use 'device' or 'host'", location);
+        return -1;
+    }
+    c.elastic = elastic;
+    c.chunk_size = chunk;
+    c.min_resident = min_resident;
+    c.idle_release_ms = idle;
     if ((st = vmmt_handle_type_parse(handle, &ht)) != VMMT_OK) {
         vmmtpy_raise(st);
         return -1;
@@ -262,7 +294,9 @@ static int emu_device_memory(PoolObject *self, uint64_t ptr)
     unsigned type = 0;
     int yes = 0;
 
-    if (!vmmtpy_on_emu() || vmmt__ctx_enter(self->device) != VMMT_OK) return 0;
+    /* A host pool copies host sources with the CPU: asking would make a context. */
+    if (!vmmtpy_on_emu() || self->pool->host_mem || vmmt__ctx_enter(self->device) != VMMT_OK)
+        return 0;
     yes = vmmt__drv()->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) ==
               CUDA_SUCCESS &&
           type == CU_MEMORYTYPE_DEVICE;
@@ -561,6 +595,61 @@ static PyObject *pool_cancel(PoolObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* reserve(nbytes) -> (ptr, nbytes, location, token bytes): vmmt_reserve. */
+static PyObject *pool_reserve(PoolObject *self, PyObject *args)
+{
+    unsigned long long nbytes;
+    vmmt_reservation r;
+    vmmt_pool *pool;
+    int st;
+
+    if (!PyArg_ParseTuple(args, "K", &nbytes) || check_open(self) != 0) return NULL;
+    pool = self->pool;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_reserve(pool, nbytes, &r);
+    Py_END_ALLOW_THREADS;
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    return Py_BuildValue("(KKiy#)", (unsigned long long)r.ptr, (unsigned long long)r.nbytes,
+                         r.location, (const char *)r.token.bytes, (Py_ssize_t)VMMT_DESC_SIZE);
+}
+
+/*
+ * commit(ptr, nbytes, location, token, what_nbytes, code, bits, lanes,
+ * shape, stream) -> Descriptor: vmmt_commit of the reservation reserve()
+ * described; bits == 0 publishes untyped bytes (shape ignored).
+ */
+static PyObject *pool_commit(PoolObject *self, PyObject *args)
+{
+    unsigned long long ptr, nbytes, what_nbytes;
+    int location, code, bits, lanes, st;
+    PyObject *token, *shape;
+    void *stream = NULL;
+    vmmt_reservation r;
+    vmmt_buffer what;
+    vmmt_desc out;
+    vmmt_pool *pool;
+
+    if (!PyArg_ParseTuple(args, "KKiOKiiiOO&", &ptr, &nbytes, &location, &token, &what_nbytes,
+                          &code, &bits, &lanes, &shape, vmmtpy_stream_conv, &stream))
+        return NULL;
+    if (check_open(self) != 0 || vmmtpy_desc_arg(token, &r.token) != 0) return NULL;
+    r.ptr = ptr;
+    r.nbytes = nbytes;
+    r.location = location;
+    memset(&what, 0, sizeof what);
+    if (bits != 0) {
+        if (raw_fill(&what, 0, what_nbytes, code, bits, lanes, shape, 0) != 0) return NULL;
+    } else {
+        what.nbytes = what_nbytes;
+    }
+    pool = self->pool;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_commit(pool, &r, &what, stream, &out);
+    Py_END_ALLOW_THREADS;
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    return vmmtpy_desc_new(out.bytes);
+}
+
 static PyObject *pool_reclaim(PoolObject *self, PyObject *unused)
 {
     uint32_t freed = 0;
@@ -597,27 +686,90 @@ static PyObject *pool_drain(PoolObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/*
+ * Every field of vmmt_pool_stats, in one table: a field the library adds is
+ * one line here (and one in the .pyi stub).
+ */
+enum stat_kind { ST_U32, ST_U64, ST_BOOL, ST_HANDLE, ST_HANDOFF, ST_LOCATION };
+#define STAT(field, kind)                                                                          \
+    {                                                                                              \
+#field, offsetof(vmmt_pool_stats, field), kind                                             \
+    }
+static const struct {
+    const char *name;
+    size_t offset;
+    enum stat_kind kind;
+} stat_fields[] = {
+    STAT(handle_type, ST_HANDLE),
+    STAT(handoff, ST_HANDOFF),
+    STAT(fell_back_to_posix, ST_BOOL),
+    STAT(host_control_table, ST_BOOL),
+    STAT(allocation_size, ST_U64),
+    STAT(table_bytes, ST_U64),
+    STAT(data_bytes, ST_U64),
+    STAT(slots, ST_U32),
+    STAT(in_flight, ST_U32),
+    STAT(in_flight_bytes, ST_U64),
+    STAT(published, ST_U64),
+    STAT(recycled, ST_U64),
+    STAT(cancelled, ST_U64),
+    STAT(full, ST_U64),
+    STAT(reclaims, ST_U64),
+    STAT(broker_served, ST_U64),
+    STAT(broker_refused, ST_U64),
+    STAT(memory_location, ST_LOCATION),
+    STAT(device_bytes, ST_U64),
+    STAT(host_bytes, ST_U64),
+    STAT(resident_bytes, ST_U64),
+    STAT(peak_bytes, ST_U64),
+    STAT(max_bytes, ST_U64),
+    STAT(chunk_bytes, ST_U64),
+    STAT(chunks_made, ST_U64),
+    STAT(chunks_released, ST_U64),
+};
+#undef STAT
+
+static PyObject *stat_value(const vmmt_pool_stats *s, size_t i)
+{
+    const char *p = (const char *)s + stat_fields[i].offset;
+    int v;
+
+    switch (stat_fields[i].kind) {
+    case ST_U32: return PyLong_FromUnsignedLong(*(const uint32_t *)p);
+    case ST_U64: return PyLong_FromUnsignedLongLong(*(const uint64_t *)p);
+    case ST_BOOL: return PyBool_FromLong(*(const int *)p);
+    case ST_HANDLE:
+        return PyUnicode_FromString(vmmt_handle_type_name(*(const vmmt_handle_type *)p));
+    case ST_HANDOFF: return PyUnicode_FromString(vmmt_handoff_name(*(const vmmt_handoff *)p));
+    case ST_LOCATION:
+        memcpy(&v, p, sizeof v);
+        return PyUnicode_FromString(vmmt_memory_location_name((vmmt_memory_location)v));
+    }
+    return NULL;
+}
+
 static PyObject *pool_stats(PoolObject *self, PyObject *unused)
 {
     vmmt_pool_stats s;
+    PyObject *out;
     int st;
 
     (void)unused;
     if (check_open(self) != 0) return NULL;
+    memset(&s, 0, sizeof s);
     st = vmmt_pool_get_stats(self->pool, &s);
     if (st != VMMT_OK) return vmmtpy_raise(st);
-    return Py_BuildValue(
-        "{s:s,s:s,s:O,s:O,s:K,s:K,s:K,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "handle_type",
-        vmmt_handle_type_name(s.handle_type), "handoff", vmmt_handoff_name(s.handoff),
-        "fell_back_to_posix", s.fell_back_to_posix ? Py_True : Py_False, "host_control_table",
-        s.host_control_table ? Py_True : Py_False, "allocation_size",
-        (unsigned long long)s.allocation_size, "table_bytes", (unsigned long long)s.table_bytes,
-        "data_bytes", (unsigned long long)s.data_bytes, "slots", s.slots, "in_flight", s.in_flight,
-        "in_flight_bytes", (unsigned long long)s.in_flight_bytes, "published",
-        (unsigned long long)s.published, "recycled", (unsigned long long)s.recycled, "cancelled",
-        (unsigned long long)s.cancelled, "full", (unsigned long long)s.full, "reclaims",
-        (unsigned long long)s.reclaims, "broker_served", (unsigned long long)s.broker_served,
-        "broker_refused", (unsigned long long)s.broker_refused);
+    if ((out = PyDict_New()) == NULL) return NULL;
+    for (size_t i = 0; i < sizeof stat_fields / sizeof stat_fields[0]; i++) {
+        PyObject *v = stat_value(&s, i);
+        if (v == NULL || PyDict_SetItemString(out, stat_fields[i].name, v) != 0) {
+            Py_XDECREF(v);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return out;
 }
 
 /* Sources still held for copies that may be running (tests use it). */
@@ -711,7 +863,11 @@ static PyMethodDef pool_methods[] = {
      "publish_raw(items, stream, none_when_full=False): the capsule-free fast path"},
     {"publish_tensor", (PyCFunction)pool_publish_tensor, METH_VARARGS,
      "publish_tensor(owner, ptr, nbytes, code, bits, shape, location, stream) -> Descriptor"},
-    {"cancel", (PyCFunction)pool_cancel, METH_O, "cancel(descriptor bytes)"},
+    {"cancel", (PyCFunction)pool_cancel, METH_O, "cancel(descriptor or reservation token bytes)"},
+    {"reserve", (PyCFunction)pool_reserve, METH_VARARGS,
+     "reserve(nbytes) -> (ptr, nbytes, location, token)"},
+    {"commit", (PyCFunction)pool_commit, METH_VARARGS,
+     "commit(ptr, nbytes, location, token, what_nbytes, code, bits, lanes, shape, stream)"},
     {"reclaim", (PyCFunction)pool_reclaim, METH_NOARGS, "reclaim() -> slices freed"},
     {"drain", (PyCFunction)pool_drain, METH_VARARGS, "drain(timeout_ms=5000)"},
     {"stats", (PyCFunction)pool_stats, METH_NOARGS, "stats() -> dict"},

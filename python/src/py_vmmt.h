@@ -70,6 +70,13 @@ extern PyType_Spec vmmtpy_pool_spec, vmmtpy_consumer_spec, vmmtpy_buffer_spec;
 PyObject *vmmtpy_buffer_new(int device, uint64_t ptr, uint64_t nbytes, const vmmt_desc_info *info,
                             void *stream, int host_view);
 
+/*
+ * A Buffer that exports nbytes at ptr as flat writable uint8 without owning
+ * them (a reservation's slice): keeper stays referenced while it lives.
+ */
+PyObject *vmmtpy_buffer_view(int device, uint64_t ptr, uint64_t nbytes, int host_view,
+                             PyObject *keeper);
+
 /* The C handles behind the types (the benchmark's C loop uses them); NULL + TypeError. */
 vmmt_pool *vmmtpy_pool_handle(PyObject *o);
 vmmt_consumer *vmmtpy_consumer_handle(PyObject *o);

@@ -37,5 +37,14 @@ def live():
     return {n: getattr(_LIB, "vmmt__emu_live_" + n)() for n in _NAMES}
 
 
+def calls(entry):
+    """How often this process called a driver entry point (vmmt__emu_calls)."""
+    if _LIB is None:
+        raise RuntimeError("no libvmmt_emu.so beside the extension")
+    _LIB.vmmt__emu_calls.restype = ctypes.c_long
+    _LIB.vmmt__emu_calls.argtypes = [ctypes.c_char_p]
+    return _LIB.vmmt__emu_calls(entry.encode())
+
+
 def open_fds():
     return len(os.listdir("/proc/self/fd"))

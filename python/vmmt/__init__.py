@@ -15,7 +15,7 @@ import sys
 from . import _vmmt
 from ._vmmt import Error, PoolFull, Timeout
 
-__all__ = ["Pool", "Consumer", "Descriptor", "Error", "PoolFull", "Timeout", "probe",
+__all__ = ["Pool", "Consumer", "Descriptor", "Reservation", "Error", "PoolFull", "Timeout", "probe",
            "select_driver", "driver_name", "device_count", "ALL_RANKS"]
 __version__ = _vmmt.LIBRARY_VERSION
 
@@ -326,14 +326,41 @@ class Pool:
     def __init__(self, device=0, memory_size=None, consumer_count=1, *, max_slices=4096,
                  handle_type="auto", allow_posix_fallback=True, round_up=False,
                  broker_path=None, timeout_ms=5000, recycle_interval_us=1000, handoff="auto",
-                 device_control_table=False):
+                 device_control_table=False, memory_location="device", host_numa_node=-1,
+                 elastic=False, chunk_size=0, min_resident=0, idle_release_ms=1500):
+        """Create and export a pool (vmmt_pool_create).
+
+        memory_location: "device" (default) or "host": a host pool is pinned
+        host memory shared with the consumers; its producer writes it with
+        the CPU and needs no CUDA context (a process that never touches the
+        GPU can publish NumPy arrays); `device` is then the GPU whose NUMA
+        node holds it. host_numa_node: host pools only, -1 (default) for
+        the device's node. elastic=True: memory_size is the most the pool
+        may hold; chunks of chunk_size bytes (0: four granularity units) are
+        made while slices in them are in flight and given back after
+        idle_release_ms idle; min_resident bytes stay resident from the start.
+        """
         if memory_size is None:
             raise ValueError("memory_size is required: the pool's bytes of device memory "
                              "(a multiple of the VMM granularity, 2 MiB on H200)")
+        if memory_location not in ("device", "host"):
+            raise ValueError("memory_location=%r; use 'device' or 'host'" % (memory_location,))
+        for name, value, low in (("host_numa_node", host_numa_node, -1),
+                                 ("chunk_size", chunk_size, 0),
+                                 ("min_resident", min_resident, 0),
+                                 ("idle_release_ms", idle_release_ms, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError("%s=%r; give an int of at least %d" % (name, value, low))
+        if memory_location == "host" and elastic:
+            raise ValueError("elastic=True with memory_location='host': elastic pools are "
+                             "device pools; drop one of the two")
         self.device = device
+        self.memory_location = memory_location
         self._pool = _vmmt.Pool(device, memory_size, consumer_count, max_slices, handle_type,
                                 allow_posix_fallback, round_up, broker_path, timeout_ms,
-                                recycle_interval_us, handoff, device_control_table)
+                                recycle_interval_us, handoff, device_control_table,
+                                memory_location, host_numa_node, bool(elastic), chunk_size,
+                                min_resident, idle_release_ms)
 
     def _publish(self, arrays, stream, none_when_full):
         arrays = [_contiguous(a) for a in arrays]
@@ -365,8 +392,63 @@ class Pool:
         return self._publish(list(arrays), stream, True)
 
     def cancel(self, desc):
-        """Take back a descriptor never handed to a consumer (idempotent)."""
+        """Take back a descriptor never handed to a consumer (idempotent), or a
+        Reservation never committed (once nothing writes into it any more)."""
+        if isinstance(desc, Reservation):
+            desc._finish()
+            self._pool.cancel(desc._token)
+            return
         self._pool.cancel(_desc_bytes(desc))
+
+    def reserve(self, nbytes):
+        """A free slice of `nbytes` to write in place (vmmt_reserve): no copy.
+
+        Returns a Reservation: a DLPack exporter of flat uint8 (CUDA for a
+        device pool, CPU for a host pool), and for host memory
+        ``memoryview()``. Fill it, then ``commit`` it (or ``cancel`` it).
+        Raises PoolFull when there is no room now.
+        """
+        ptr, n, location, token = self._pool.reserve(nbytes)
+        return Reservation(self, ptr, n, location, token)
+
+    def commit(self, reservation, dtype=None, shape=None, *, like=None, stream=None):
+        """Publish a filled reservation (vmmt_commit) -> Descriptor.
+
+        dtype (a name such as "float32", or a NumPy/PyTorch dtype) and shape
+        describe its first bytes; or ``like=array`` takes both from an array;
+        neither: all reserved bytes, untyped. stream: what wrote the slice
+        (default: the current stream for a device pool; for a host pool the
+        CPU wrote it, and a stream given is synchronized first).
+        """
+        if not isinstance(reservation, Reservation) or reservation._pool is not self:
+            raise TypeError("commit takes a Reservation of this pool")
+        if like is not None:
+            if dtype is not None or shape is not None:
+                raise ValueError("give like= or dtype/shape, not both")
+            dtype, shape = like.dtype, tuple(like.shape)
+        if dtype is None:
+            if shape is not None:
+                raise ValueError("shape without dtype: give both, or neither for untyped bytes")
+            code, bits, nbytes, shape = 0, 0, reservation.nbytes, ()
+        else:
+            code, bits = _dl_dtype(dtype)
+            shape = (reservation.nbytes * 8 // bits,) if shape is None else tuple(shape)
+            count = 1
+            for dim in shape:
+                count *= dim
+            nbytes = (count * bits + 7) // 8
+        if stream is not None:
+            s = _stream_value(stream)
+        elif self.memory_location == "host":
+            s = None  # the CPU wrote it
+        else:
+            s = _current_stream(self.device)
+        if reservation._done:
+            raise ValueError("this reservation was already committed or cancelled")
+        desc = self._pool.commit(reservation.ptr, reservation.nbytes, reservation._location,
+                                 reservation._token, nbytes, code, bits, 1, shape, s)
+        reservation._done = True
+        return desc
 
     def reclaim(self):
         """Recycle every acknowledged slice now; returns how many were freed."""
@@ -394,6 +476,67 @@ class Pool:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+_DL_BY_NAME = {name: dl for dl, name in _DTYPE_NAMES.items()}
+
+
+def _dl_dtype(dtype):
+    """DLPack (code, bits) of a dtype name, a NumPy dtype or a PyTorch dtype."""
+    name = str(dtype)
+    name = name[len("torch."):] if name.startswith("torch.") else name
+    dl = _DL_BY_NAME.get(name)
+    if dl is None:
+        raise ValueError("dtype %r is not one vmmt carries; use one of %s"
+                         % (dtype, ", ".join(sorted(_DL_BY_NAME))))
+    return dl
+
+
+class Reservation:
+    """A slice reserved for writing in place (Pool.reserve); commit or cancel it once.
+
+    ``ptr`` and ``nbytes`` name the slice; ``location`` is "device" or
+    "host". ``from_dlpack(reservation)`` (torch, cupy, numpy) gives a flat
+    uint8 view of it; ``memoryview()`` a writable view of a host slice.
+    Views are valid until commit, cancel or the pool's close.
+    """
+
+    __slots__ = ("_pool", "ptr", "nbytes", "_location", "_token", "_view", "_done")
+
+    def __init__(self, pool, ptr, nbytes, location, token):
+        self._pool, self.ptr, self.nbytes = pool, ptr, nbytes
+        self._location, self._token, self._done = location, token, False
+        host = location == 1 or _on_emu()
+        self._view = _vmmt._slice_view(pool._pool, pool.device, ptr, nbytes, host)
+
+    @property
+    def location(self):
+        return "host" if self._location == 1 else "device"
+
+    def _finish(self):
+        if self._done:
+            raise ValueError("this reservation was already committed or cancelled")
+        self._done = True
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        return self._view.__dlpack__(stream, max_version=max_version, dl_device=dl_device,
+                                     copy=copy)
+
+    def __dlpack_device__(self):
+        return self._view.__dlpack_device__()
+
+    def memoryview(self):
+        """A writable memoryview of a host slice (host pools; the emulator's memory too)."""
+        if self._location != 1 and not _on_emu():
+            raise ValueError("a device pool's slice is device memory: use from_dlpack with a "
+                             "CUDA library, or write it with a kernel")
+        if self._done:
+            raise ValueError("this reservation was already committed or cancelled")
+        return _vmmt.host_memoryview(self.ptr, self.nbytes)
+
+    def __repr__(self):
+        return "Reservation(ptr=0x%x, nbytes=%d, location=%s)" % (self.ptr, self.nbytes,
+                                                                   self.location)
 
 
 # ---------------------------------------------------------------- consumer
