@@ -75,6 +75,42 @@ def test_pageable_source_released_at_once(no_leaks):
     assert sys.getrefcount(a) == refs
 
 
+def test_sources_kept_until_copy_done_then_released(no_leaks):
+    # A device source on a stream held back by a wait: the pool keeps it
+    # until the publish's ready word shows the copy landed, and no longer.
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        dev = consumer.consume(pool.publish(np.arange(4096, dtype=np.uint8)))
+        dev.synchronize()  # its own copy done: exporting it waits for nothing
+        refs = sys.getrefcount(dev)
+        with emu_counters.StalledStream(0) as s:
+            d = pool.publish(dev, stream=s.handle)
+            assert pool._pool.pending() == 1
+            assert sys.getrefcount(dev) > refs
+            pool.reclaim()  # checked again: still copying
+            assert pool._pool.pending() == 1 and sys.getrefcount(dev) > refs
+            s.release()
+            consumer.consume(d, stream=s.handle).synchronize()
+            pool.drain(5000)
+            assert pool._pool.pending() == 0
+            assert sys.getrefcount(dev) == refs
+            pool.publish(dev, stream=s.handle)  # kept again; close gives it back
+        del dev
+    gc.collect()
+
+
+def test_close_waits_for_kept_sources(no_leaks):
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        dev = consumer.consume(pool.publish(np.arange(64, dtype=np.uint8)))
+        dev.synchronize()
+        refs = sys.getrefcount(dev)
+        with emu_counters.StalledStream(0) as s:
+            pool.publish(dev, stream=s.handle)
+            assert pool._pool.pending() == 1
+            threading.Timer(0.2, s.release).start()
+            pool.close()  # waits (without the GIL) for the ready word
+            assert sys.getrefcount(dev) == refs
+
+
 def test_device_source_given_back_once_landed(no_leaks):
     # A device source (a consumed buffer, relayed): kept only while its copy
     # may run, proven by the publish's ready word; given back by drain at the latest.
