@@ -77,6 +77,40 @@ PyObject *vmmtpy_buffer_new(int device, uint64_t ptr, uint64_t nbytes, const vmm
 PyObject *vmmtpy_buffer_view(int device, uint64_t ptr, uint64_t nbytes, int host_view,
                              PyObject *keeper);
 
+/*
+ * A consumer's cache of freed device buffers (consume without out=), so a
+ * steady stream of same-size consumes does not call cuMemAlloc/cuMemFree
+ * (which synchronizes). A buffer is reused only for a consume on the same
+ * device and stream it was consumed on, so stream order keeps work queued on
+ * that stream ahead of the copy that overwrites it; work on other streams
+ * must be ordered before the array is dropped (PyTorch's record_stream rule
+ * for its own caching allocator). Bounded by bytes and entries; emptied on
+ * the consumer's close. Used with the GIL held only; shared by the consumer
+ * and its live buffers through `refs`.
+ */
+#define VMMTPY_CACHE_ENTRIES 16
+struct vmmtpy_mem_cache {
+    long refs;
+    int closed; /* the consumer closed: buffers free straight to the driver */
+    uint64_t limit, bytes;
+    int count;
+    struct {
+        int device;
+        void *stream;
+        uint64_t nbytes, ptr;
+    } e[VMMTPY_CACHE_ENTRIES];
+    uint64_t hits, misses;
+};
+/* A cached block of exactly nbytes for (device, stream), or 0. */
+uint64_t vmmtpy_cache_take(struct vmmtpy_mem_cache *c, int device, void *stream, uint64_t nbytes);
+/* Drop one reference; the last frees the struct (after close emptied it). */
+void vmmtpy_cache_unref(struct vmmtpy_mem_cache *c);
+/* Close: free every cached block, and let later frees go to the driver. */
+void vmmtpy_cache_close(struct vmmtpy_mem_cache *c);
+
+/* Give a consumed Buffer its cache (a reference is taken); NULL: freed at once. */
+void vmmtpy_buffer_set_cache(PyObject *buffer, struct vmmtpy_mem_cache *c);
+
 /* The C handles behind the types (the benchmark's C loop uses them); NULL + TypeError. */
 vmmt_pool *vmmtpy_pool_handle(PyObject *o);
 vmmt_consumer *vmmtpy_consumer_handle(PyObject *o);

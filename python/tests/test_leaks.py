@@ -129,7 +129,7 @@ def test_device_source_given_back_once_landed(no_leaks):
 
 
 def test_buffer_lives_while_arrays_use_it(no_leaks):
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer(cache_bytes=0) as consumer:
         buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)))
         blocks = emu_counters.live()["blocks"]
         x = np.from_dlpack(buf)
@@ -146,8 +146,30 @@ def test_buffer_lives_while_arrays_use_it(no_leaks):
         assert emu_counters.live()["blocks"] == blocks - 1
 
 
+def test_consume_reuses_freed_buffers(no_leaks):
+    # Same-size consumes on one stream: one cuMemAlloc, then the cache.
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer(cache_bytes=1 << 20) as consumer:
+        allocs = emu_counters.calls("cuMemAlloc")
+        for i in range(50):
+            x = np.from_dlpack(consumer.consume(pool.publish(np.full(256, i, np.int32))))
+            assert (x == i).all()
+            del x
+        assert emu_counters.calls("cuMemAlloc") - allocs == 1
+        hits, misses, blocks, held = consumer.cache_info()
+        assert (hits, misses, blocks, held) == (49, 1, 1, 1024)
+        # Another size misses; one too big for the cache is freed at once.
+        consumer.consume(pool.publish(np.zeros(10, np.int8)))
+        assert consumer.cache_info()[2:] == (2, 1034)
+        live = emu_counters.live()["blocks"]
+        consumer.consume(pool.publish(np.zeros(200000, np.int64)))
+        assert emu_counters.live()["blocks"] == live
+        # A buffer alive at close frees to the driver later (no_leaks checks).
+        keep = consumer.consume(pool.publish(np.zeros(256, np.int32)))
+    del keep
+
+
 def test_unconsumed_capsules_and_deleter_on_other_thread(no_leaks):
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer(cache_bytes=0) as consumer:
         buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)))
         blocks = emu_counters.live()["blocks"]
         for _ in range(100):

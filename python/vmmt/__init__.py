@@ -565,10 +565,23 @@ def _default_device():
 
 
 class Consumer:
-    """A per-process cache of imported pools; thread-safe."""
+    """A per-process cache of imported pools; thread-safe.
 
-    def __init__(self, *, timeout_ms=5000, max_pools=16):
-        self._c = _vmmt.Consumer(timeout_ms, max_pools)
+    cache_bytes: consume() without ``out`` keeps up to this many bytes of
+    freed buffers (default 64 MiB; 0: none) and reuses one of the same size
+    for a later consume on the same device and stream, so a steady stream of
+    consumes calls neither cuMemAlloc nor the synchronizing cuMemFree. Work on
+    *other* streams that reads a consumed array must be ordered before the
+    array is dropped (as for PyTorch's own caching allocator). close() frees
+    the cache.
+    """
+
+    def __init__(self, *, timeout_ms=5000, max_pools=16, cache_bytes=64 << 20):
+        self._c = _vmmt.Consumer(timeout_ms, max_pools, cache_bytes)
+
+    def cache_info(self):
+        """(hits, misses, blocks held, bytes held) of the buffer cache."""
+        return self._c.cache_info()
 
     def consume(self, desc, device=None, out=None, stream=None, ranks=None):
         """Copy the buffer a descriptor names and acknowledge it for `ranks`.
