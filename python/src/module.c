@@ -12,9 +12,6 @@
 #include "driver.h"
 #include "status.h"
 #include "vmm.h"
-#ifdef VMMT_PY_EMU_BUILTIN
-#include "emu.h"
-#endif
 
 PyObject *vmmtpy_Error, *vmmtpy_PoolFull, *vmmtpy_Timeout;
 PyTypeObject *vmmtpy_PoolType, *vmmtpy_ConsumerType, *vmmtpy_BufferType;
@@ -360,25 +357,6 @@ static PyObject *py_stream_synchronize(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* ------------------------------------------------------ test hook */
-
-#ifdef VMMT_PY_EMU_BUILTIN
-/*
- * The emulated driver's live counters, for the leak checks of the tests
- * (python/tests/emu_counters.py). Private: not part of vmmt's API; once the
- * emulator is its own library the tests read them from it with ctypes.
- */
-static PyObject *py_emu_live(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "allocations", vmmt__emu_live_allocations(),
-                         "reservations", vmmt__emu_live_reservations(), "mappings",
-                         vmmt__emu_live_mappings(), "streams", vmmt__emu_live_streams(), "events",
-                         vmmt__emu_live_events(), "blocks", vmmt__emu_live_blocks());
-}
-#endif
-
 static PyMethodDef methods[] = {
     {"driver_select", py_driver_select, METH_O, "Choose the driver: 'cuda' or 'emu'."},
     {"driver_info", py_driver_info, METH_NOARGS, "(driver name, CUDA version, device count)."},
@@ -401,9 +379,6 @@ static PyMethodDef methods[] = {
      "Private: the bytes subclass that publishes return (vmmt.Descriptor)."},
     {"_bench_c", vmmtpy_bench_c, METH_VARARGS,
      "Benchmark only: the C API's cost per publish and per consume, in this process."},
-#ifdef VMMT_PY_EMU_BUILTIN
-    {"_emu_live", py_emu_live, METH_NOARGS, "Test hook: the emulated driver's live counters."},
-#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,9 +1,9 @@
-"""Test-only hook: the emulated driver's live counters (allocations,
-reservations, mappings, streams, events, cuMemAlloc blocks) for leak checks.
+"""Test-only hooks into the emulated driver, libvmmt_emu.so beside the
+extension (the one the library loads), by ctypes: its live counters
+(allocations, reservations, mappings, streams, events, cuMemAlloc blocks) for
+leak checks, its call counts, and a stream held back on demand.
 
-Not vmmt's API. Once the emulator is its own library (libvmmt_emu.so, beside
-the extension), its counters are read from it with ctypes; while it is
-compiled into the extension, the extension's private _emu_live() gives them.
+Not vmmt's API.
 """
 import ctypes
 import os
@@ -25,15 +25,13 @@ def _library():
     return lib
 
 
-_LIB = None if hasattr(_vmmt, "_emu_live") else _library()
+_LIB = _library()
 
 
 def live():
-    if hasattr(_vmmt, "_emu_live"):
-        return _vmmt._emu_live()
     if _LIB is None:
-        raise RuntimeError("no emulated driver counters: neither _vmmt._emu_live nor "
-                           "libvmmt_emu.so beside the extension")
+        raise RuntimeError("no emulated driver counters: no libvmmt_emu.so beside the extension "
+                           "(or at $VMMT_EMU_LIBRARY)")
     return {n: getattr(_LIB, "vmmt__emu_live_" + n)() for n in _NAMES}
 
 
