@@ -109,6 +109,9 @@ static int keep_done(PoolObject *self, const struct vmmt_drv *d, const struct ke
     return -1;
 }
 
+/* Running copies a retire without `wait` looks past before it stops. */
+#define RETIRE_SCAN_RUNNING 4
+
 /*
  * Give back the sources whose copies are done; with `wait`, all of them,
  * waiting for each copy without the GIL. An entry leaves the list before
@@ -121,7 +124,7 @@ static int retire(PoolObject *self, int wait)
 {
     const struct vmmt_drv *d = NULL;
     struct keep **pp = &self->kept, *k, *done = NULL;
-    int st = VMMT_OK, entered = 0;
+    int st = VMMT_OK, entered = 0, running = 0;
 
     if (self->kept == NULL) return VMMT_OK;
     if (self->uses_events) {
@@ -132,6 +135,12 @@ static int retire(PoolObject *self, int wait)
     while ((k = *pp) != NULL) {
         int r = keep_done(self, d, k);
         if (r == 0) {
+            /*
+             * Copies on one stream finish in order, so behind a few that are
+             * still running the rest are too: stop there, or a burst of
+             * publishes ahead of the GPU would scan its whole backlog each time.
+             */
+            if (++running == RETIRE_SCAN_RUNNING && !wait) break;
             pp = &k->next;
             continue;
         }
