@@ -78,6 +78,12 @@ def check(result):
         raise RuntimeError("emulated driver call failed: CUresult %d" % result)
 
 
+def live_contexts():
+    """Devices whose primary context this process holds (retained, not released)."""
+    _LIB.vmmt__emu_live_contexts.restype = ctypes.c_int
+    return _LIB.vmmt__emu_live_contexts()
+
+
 def calls(entry):
     """How often this process called a driver entry point (vmmt__emu_calls)."""
     if _LIB is None:

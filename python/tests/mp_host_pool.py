@@ -13,6 +13,7 @@ def host_producer(conn, count, result):
                 r = pool.reserve(64 * 4)
                 np.frombuffer(r.memoryview(), dtype=np.float32)[:] = np.arange(64) * i
                 conn.send(pool.commit(r, "float32", (8, 8)))
+                assert emu_counters.live_contexts() == 0
             conn.send(pool.publish(np.arange(10, dtype=np.int64)))  # a plain publish too
             conn.send(None)
             conn.recv()  # the consumer is done
