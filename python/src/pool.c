@@ -13,6 +13,7 @@
  * table, FABRIC), an event recorded after the publish.
  */
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -189,6 +190,26 @@ static int retire(PoolObject *self, int wait)
     return st;
 }
 
+/*
+ * The index of `value` among `names` (each ending in NUL, the list in an
+ * empty one); ValueError naming the option and its choices otherwise.
+ */
+static int choice(const char *option, const char *value, const char *names, int *index)
+{
+    char list[128] = "";
+    int i = 0;
+
+    for (const char *n = names; *n != '\0'; n += strlen(n) + 1, i++) {
+        if (strcmp(value, n) == 0) {
+            *index = i;
+            return 0;
+        }
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s'%s'", i ? ", " : "", n);
+    }
+    PyErr_Format(PyExc_ValueError, "%s='%s'; use one of %s", option, value, list);
+    return -1;
+}
+
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"device",
@@ -214,7 +235,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
     const char *handle = "auto", *handoff = "auto", *broker = NULL, *location = "device";
     unsigned long long size = 0, chunk, min_resident;
     unsigned int max_slices, recycle, idle;
-    int fallback, round_up, dct, elastic, st;
+    int fallback, round_up, dct, elastic, loc, mode, st;
     vmmt_handle_type ht;
 
     if (self->pool != NULL) {
@@ -236,14 +257,8 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
                                      &broker, &c.timeout_ms, &recycle, &handoff, &dct, &location,
                                      &c.host_numa_node, &elastic, &chunk, &min_resident, &idle))
         return -1;
-    if (strcmp(location, "device") == 0)
-        c.memory_location = VMMT_MEMORY_DEVICE;
-    else if (strcmp(location, "host") == 0)
-        c.memory_location = VMMT_MEMORY_HOST;
-    else {
-        PyErr_Format(PyExc_ValueError, "memory_location='%s'; use 'device' or 'host'", location);
-        return -1;
-    }
+    if (choice("memory_location", location, "device\0host\0", &loc) != 0) return -1;
+    c.memory_location = loc == 0 ? VMMT_MEMORY_DEVICE : VMMT_MEMORY_HOST;
     c.elastic = elastic;
     c.chunk_size = chunk;
     c.min_resident = min_resident;
@@ -252,16 +267,8 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
         vmmtpy_raise(st);
         return -1;
     }
-    if (strcmp(handoff, "auto") == 0)
-        c.handoff = VMMT_HANDOFF_AUTO;
-    else if (strcmp(handoff, "stream") == 0)
-        c.handoff = VMMT_HANDOFF_STREAM;
-    else if (strcmp(handoff, "sync") == 0)
-        c.handoff = VMMT_HANDOFF_SYNC;
-    else {
-        PyErr_Format(PyExc_ValueError, "handoff='%s'; use 'auto', 'stream' or 'sync'", handoff);
-        return -1;
-    }
+    if (choice("handoff", handoff, "auto\0stream\0sync\0", &mode) != 0) return -1;
+    c.handoff = mode == 0 ? VMMT_HANDOFF_AUTO : mode == 1 ? VMMT_HANDOFF_STREAM : VMMT_HANDOFF_SYNC;
     c.memory_size = size;
     c.max_slices = max_slices;
     c.recycle_interval_us = recycle;

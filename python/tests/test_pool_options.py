@@ -29,10 +29,16 @@ def test_stats_every_field(pool):
     ({"min_resident": "1"}, "min_resident"),
     ({"idle_release_ms": -5}, "idle_release_ms"),
     ({"memory_location": "host", "elastic": True}, "elastic"),
+    ({"handoff": "later"}, "handoff='later'; use one of 'auto', 'stream', 'sync'"),
 ])
 def test_bad_options(no_leaks, kw, what):
     with pytest.raises(ValueError, match=what):
         vmmt.Pool(0, 4 << 20, 1, **kw)
+
+
+def test_c_pool_checks_location(no_leaks):
+    with pytest.raises(ValueError, match="memory_location='gpu'; use one of 'device', 'host'"):
+        vmmt._vmmt.Pool(0, 4 << 20, 1, memory_location="gpu")
 
 
 def test_host_pool(no_leaks, consumer):
