@@ -46,6 +46,7 @@ typedef struct {
     int spare_count;
     Py_ssize_t kept_count;
     int uses_events; /* no host control table: copies are proven by events */
+    int shut;        /* shutdown began: the table may be gone (set with the GIL held) */
 } PoolObject;
 
 static void keep_release(struct keep *k)
@@ -77,13 +78,26 @@ static int landed(const PoolObject *self, const struct keep *k)
     return vmmt__occupant_of(vmmt__ctrl_load(word), k->gen) != VMMT__OCC_COPYING;
 }
 
+/*
+ * Another thread's close may shut the pool down while a drain waits here
+ * without the GIL: the table is read only with the GIL held and before
+ * `shut`, so a proof cut short leaves the sources alive instead.
+ */
+static int shut_fail(const struct keep *k)
+{
+    return vmmt__fail(VMMT_ECLOSED,
+                      "the pool was shut down before a publish's copy (slot %u, generation %u) "
+                      "was proven done; its sources stay alive",
+                      k->slot, k->gen);
+}
+
 /* Wait for a ready word without the GIL, bounded by the pool's timeout_ms. */
 static int wait_landed(PoolObject *self, const struct keep *k)
 {
     const struct timespec nap = {0, 50 * 1000};
     long bound = (long)(self->pool->cfg.timeout_ms > 0 ? self->pool->cfg.timeout_ms : 5000) * 20;
 
-    for (long i = 0; !landed(self, k); i++) {
+    for (long i = 0; self->shut ? 0 : !landed(self, k); i++) {
         if (i >= bound)
             return vmmt__fail(VMMT_ETIMEDOUT,
                               "a publish's copy (slot %u, generation %u) did not land within "
@@ -93,7 +107,7 @@ static int wait_landed(PoolObject *self, const struct keep *k)
         nanosleep(&nap, NULL);
         Py_END_ALLOW_THREADS;
     }
-    return VMMT_OK;
+    return self->shut ? shut_fail(k) : VMMT_OK;
 }
 
 /* Whether k's copy is done: 1 yes, 0 not yet, -1 the check failed (error set). */
@@ -101,7 +115,7 @@ static int keep_done(PoolObject *self, const struct vmmt_drv *d, const struct ke
 {
     CUresult r;
 
-    if (k->by_ready) return landed(self, k);
+    if (k->by_ready) return self->shut ? (shut_fail(k), -1) : landed(self, k);
     if (k->done == NULL) return 1;
     r = d->cuEventQuery(k->done);
     if (r == CUDA_ERROR_NOT_READY) return 0;
@@ -820,6 +834,7 @@ static int close_pool(PoolObject *self)
     self->closed = 1;
     retire(self, 1);
     release_events(self);
+    self->shut = 1;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_pool_shutdown(pool);
     Py_END_ALLOW_THREADS;
