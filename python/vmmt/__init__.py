@@ -306,7 +306,9 @@ class Descriptor(bytes):
 
 
 def _desc_bytes(desc):
-    if isinstance(desc, (bytes, bytearray, memoryview)):
+    if isinstance(desc, bytes):
+        return desc  # a Descriptor is bytes already: no copy
+    if isinstance(desc, (bytearray, memoryview)):
         return bytes(desc)
     raise TypeError("expected a Descriptor (or its 512 bytes), got %r" % type(desc).__name__)
 
