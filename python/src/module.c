@@ -236,6 +236,21 @@ static PyObject *py_desc_inspect(PyObject *self, PyObject *arg)
                          i.pack_index, i.pack_count);
 }
 
+/* desc_check(bytes): validate like desc_inspect, without building its tuple (unpickling). */
+static PyObject *py_desc_check(PyObject *self, PyObject *arg)
+{
+    vmmt_desc d;
+    vmmt_desc_info i;
+
+    (void)self;
+    if (vmmtpy_desc_arg(arg, &d) != 0) return NULL;
+    if (vmmt_desc_inspect(&d, &i) != VMMT_OK) {
+        PyErr_SetString(PyExc_ValueError, vmmt_last_error());
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /*
  * capsule_info(capsule) -> (ptr, nbytes, device_type, device_id, readonly):
  * where a C-contiguous tensor's bytes are, for consuming into it. The
@@ -364,6 +379,7 @@ static PyMethodDef methods[] = {
     {"probe_reset", py_probe_reset, METH_NOARGS, "Forget cached probes."},
     {"open_files", py_open_files, METH_NOARGS, "(soft, hard) limits of open files."},
     {"desc_inspect", py_desc_inspect, METH_O, "Decode and validate a 512-byte descriptor."},
+    {"desc_check", py_desc_check, METH_O, "Validate a 512-byte descriptor (ValueError)."},
     {"capsule_info", py_capsule_info, METH_O,
      "(ptr, nbytes, device_type, device_id, readonly) of a DLPack capsule's tensor."},
     {"mem_alloc", py_mem_alloc, METH_VARARGS, "mem_alloc(device, nbytes) -> device pointer."},

@@ -253,8 +253,9 @@ class Descriptor(bytes):
     __slots__ = ()
 
     def __new__(cls, data):
-        data = bytes(data)
-        _vmmt.desc_inspect(data)  # ValueError naming the field that is wrong
+        if type(data) is not bytes:
+            data = bytes(data)
+        _vmmt.desc_check(data)  # ValueError naming the field that is wrong
         return super().__new__(cls, data)
 
     @classmethod
