@@ -204,93 +204,16 @@ static int retire(PoolObject *self, int wait)
     return st;
 }
 
-/*
- * The index of `value` among `names` (each ending in NUL, the list in an
- * empty one); ValueError naming the option and its choices otherwise.
- */
-static int choice(const char *option, const char *value, const char *names, int *index)
-{
-    char list[128] = "";
-    int i = 0;
-
-    for (const char *n = names; *n != '\0'; n += strlen(n) + 1, i++) {
-        if (strcmp(value, n) == 0) {
-            *index = i;
-            return 0;
-        }
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s'%s'", i ? ", " : "", n);
-    }
-    PyErr_Format(PyExc_ValueError, "%s='%s'; use one of %s", option, value, list);
-    return -1;
-}
-
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"device",
-                             "memory_size",
-                             "consumer_count",
-                             "max_slices",
-                             "handle_type",
-                             "allow_posix_fallback",
-                             "round_up",
-                             "broker_path",
-                             "timeout_ms",
-                             "recycle_interval_us",
-                             "handoff",
-                             "device_control_table",
-                             "memory_location",
-                             "host_numa_node",
-                             "elastic",
-                             "chunk_size",
-                             "min_resident",
-                             "idle_release_ms",
-                             NULL};
     vmmt_pool_config c;
-    const char *handle = "auto", *handoff = "auto", *broker = NULL, *location = "device";
-    unsigned long long size = 0, chunk, min_resident;
-    unsigned int max_slices, recycle, idle;
-    int fallback, round_up, dct, elastic, loc, mode, st;
-    vmmt_handle_type ht;
+    int st;
 
     if (self->pool != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Pool.__init__ called twice");
         return -1;
     }
-    vmmt_pool_config_init(&c);
-    max_slices = c.max_slices;
-    recycle = c.recycle_interval_us;
-    fallback = c.allow_posix_fallback;
-    round_up = c.round_up;
-    dct = c.device_control_table;
-    elastic = c.elastic;
-    chunk = c.chunk_size;
-    min_resident = c.min_resident;
-    idle = c.idle_release_ms;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iKi|IsppziIspsipKKI", kwlist, &c.device, &size,
-                                     &c.consumer_count, &max_slices, &handle, &fallback, &round_up,
-                                     &broker, &c.timeout_ms, &recycle, &handoff, &dct, &location,
-                                     &c.host_numa_node, &elastic, &chunk, &min_resident, &idle))
-        return -1;
-    if (choice("memory_location", location, "device\0host\0", &loc) != 0) return -1;
-    c.memory_location = loc == 0 ? VMMT_MEMORY_DEVICE : VMMT_MEMORY_HOST;
-    c.elastic = elastic;
-    c.chunk_size = chunk;
-    c.min_resident = min_resident;
-    c.idle_release_ms = idle;
-    if ((st = vmmt_handle_type_parse(handle, &ht)) != VMMT_OK) {
-        vmmtpy_raise(st);
-        return -1;
-    }
-    if (choice("handoff", handoff, "auto\0stream\0sync\0", &mode) != 0) return -1;
-    c.handoff = mode == 0 ? VMMT_HANDOFF_AUTO : mode == 1 ? VMMT_HANDOFF_STREAM : VMMT_HANDOFF_SYNC;
-    c.memory_size = size;
-    c.max_slices = max_slices;
-    c.recycle_interval_us = recycle;
-    c.handle_type = ht;
-    c.allow_posix_fallback = fallback;
-    c.round_up = round_up;
-    c.broker_path = broker;
-    c.device_control_table = dct;
+    if (vmmtpy_pool_config(args, kw, &c) != 0) return -1;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_pool_create(&c, &self->pool);
     Py_END_ALLOW_THREADS;
@@ -716,72 +639,9 @@ static PyObject *pool_drain(PoolObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/*
- * Every field of vmmt_pool_stats, in one table: a field the library adds is
- * one line here (and one in the .pyi stub).
- */
-enum stat_kind { ST_U32, ST_U64, ST_BOOL, ST_HANDLE, ST_HANDOFF, ST_LOCATION };
-#define STAT(field, kind)                                                                          \
-    {                                                                                              \
-#field, offsetof(vmmt_pool_stats, field), kind                                             \
-    }
-static const struct {
-    const char *name;
-    size_t offset;
-    enum stat_kind kind;
-} stat_fields[] = {
-    STAT(handle_type, ST_HANDLE),
-    STAT(handoff, ST_HANDOFF),
-    STAT(fell_back_to_posix, ST_BOOL),
-    STAT(host_control_table, ST_BOOL),
-    STAT(allocation_size, ST_U64),
-    STAT(table_bytes, ST_U64),
-    STAT(data_bytes, ST_U64),
-    STAT(slots, ST_U32),
-    STAT(in_flight, ST_U32),
-    STAT(in_flight_bytes, ST_U64),
-    STAT(published, ST_U64),
-    STAT(recycled, ST_U64),
-    STAT(cancelled, ST_U64),
-    STAT(full, ST_U64),
-    STAT(reclaims, ST_U64),
-    STAT(broker_served, ST_U64),
-    STAT(broker_refused, ST_U64),
-    STAT(memory_location, ST_LOCATION),
-    STAT(device_bytes, ST_U64),
-    STAT(host_bytes, ST_U64),
-    STAT(resident_bytes, ST_U64),
-    STAT(peak_bytes, ST_U64),
-    STAT(max_bytes, ST_U64),
-    STAT(chunk_bytes, ST_U64),
-    STAT(chunks_made, ST_U64),
-    STAT(chunks_released, ST_U64),
-};
-#undef STAT
-
-static PyObject *stat_value(const vmmt_pool_stats *s, size_t i)
-{
-    const char *p = (const char *)s + stat_fields[i].offset;
-    int v;
-
-    switch (stat_fields[i].kind) {
-    case ST_U32: return PyLong_FromUnsignedLong(*(const uint32_t *)p);
-    case ST_U64: return PyLong_FromUnsignedLongLong(*(const uint64_t *)p);
-    case ST_BOOL: return PyBool_FromLong(*(const int *)p);
-    case ST_HANDLE:
-        return PyUnicode_FromString(vmmt_handle_type_name(*(const vmmt_handle_type *)p));
-    case ST_HANDOFF: return PyUnicode_FromString(vmmt_handoff_name(*(const vmmt_handoff *)p));
-    case ST_LOCATION:
-        memcpy(&v, p, sizeof v);
-        return PyUnicode_FromString(vmmt_memory_location_name((vmmt_memory_location)v));
-    }
-    return NULL;
-}
-
 static PyObject *pool_stats(PoolObject *self, PyObject *unused)
 {
     vmmt_pool_stats s;
-    PyObject *out;
     int st;
 
     (void)unused;
@@ -789,17 +649,7 @@ static PyObject *pool_stats(PoolObject *self, PyObject *unused)
     memset(&s, 0, sizeof s);
     st = vmmt_pool_get_stats(self->pool, &s);
     if (st != VMMT_OK) return vmmtpy_raise(st);
-    if ((out = PyDict_New()) == NULL) return NULL;
-    for (size_t i = 0; i < sizeof stat_fields / sizeof stat_fields[0]; i++) {
-        PyObject *v = stat_value(&s, i);
-        if (v == NULL || PyDict_SetItemString(out, stat_fields[i].name, v) != 0) {
-            Py_XDECREF(v);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
-    return out;
+    return vmmtpy_pool_stats_dict(&s);
 }
 
 /* Sources still held for copies that may be running (tests use it). */

@@ -111,6 +111,13 @@ void vmmtpy_cache_close(struct vmmtpy_mem_cache *c);
 /* Give a consumed Buffer its cache (a reference is taken); NULL: freed at once. */
 void vmmtpy_buffer_set_cache(PyObject *buffer, struct vmmtpy_mem_cache *c);
 
+/* Pool(...)'s arguments as a config (pool_config.c); -1 with an error set. broker_path
+ * points into args: use the config while they are alive. */
+int vmmtpy_pool_config(PyObject *args, PyObject *kw, vmmt_pool_config *c);
+
+/* Every field of a pool's stats as a dict (pool_stats.c). */
+PyObject *vmmtpy_pool_stats_dict(const vmmt_pool_stats *s);
+
 /* The C handles behind the types (the benchmark's C loop uses them); NULL + TypeError. */
 vmmt_pool *vmmtpy_pool_handle(PyObject *o);
 vmmt_consumer *vmmtpy_consumer_handle(PyObject *o);
