@@ -1,208 +1,25 @@
 /*
  * vmmt._vmmt.Pool: a producer pool. publish() takes DLPack capsules, so it
  * reads each tensor's pointer, dtype and shape itself and publishes them in
- * one call. A stream-ordered publish returns before its copy has run, so the
- * source tensors must outlive the copy: the pool keeps each publish's
- * sources and gives them back once the copy is proven done (checked at every
- * publish, reclaim, drain and close), never earlier.
- *
- * The proof: where the control table is in host memory (POSIX_FD pools, the
- * default), the publish's own ready word, which the stream writes after the
- * copy; reading it is a plain load, where an event per publish costs a
- * cuEventCreate/cuEventRecord on the hot path. Elsewhere (a device control
- * table, FABRIC), an event recorded after the publish.
+ * one call; publish_raw and publish_tensor take PyTorch tensors' fields
+ * directly. The sources stay alive until their copies are proven done
+ * (pool_keep.c); the arguments (pool_config.c) and the stats (pool_stats.c)
+ * have files of their own.
  */
-#include <stddef.h>
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
 
-#include "py_vmmt.h"
+#include "pool_keep.h"
 
-#include "ctrl.h"
-#include "desc.h"
 #include "driver.h"
 #include "pool_internal.h"
 #include "status.h"
-
-/* The sources of one publish, alive until its copy is proven done. */
-struct keep {
-    struct keep *next;
-    CUevent done; /* the event proof; NULL with by_ready or a failed event */
-    int by_ready; /* proven by the ready word of (slot, gen) instead */
-    uint32_t slot, gen;
-    PyObject *owners; /* publish_raw: the arrays themselves (a tuple) */
-    size_t n;
-    struct vmmtpy_src src[];
-};
 
 typedef struct {
     PyObject_HEAD vmmt_pool *pool;
     int device;
     int closed;
-    struct keep *kept;  /* oldest first */
-    struct keep **tail; /* where the next one goes */
-    CUevent spare[8];   /* events to reuse: creating one per publish costs microseconds */
-    int spare_count;
-    Py_ssize_t kept_count;
-    int uses_events; /* no host control table: copies are proven by events */
-    int shut;        /* shutdown began: the table may be gone (set with the GIL held) */
+    struct vmmtpy_kept kept; /* sources of copies that may still run */
 } PoolObject;
-
-static void keep_release(struct keep *k)
-{
-    for (size_t i = 0; i < k->n; i++)
-        vmmtpy_src_release(&k->src[i]);
-    Py_CLEAR(k->owners);
-}
-
-/* Take k out of the kept list; pp points at the link that holds it. GIL held. */
-static void unlink_keep(PoolObject *self, struct keep **pp, struct keep *k)
-{
-    *pp = k->next;
-    if (self->tail == &k->next) self->tail = pp;
-    self->kept_count--;
-}
-
-/*
- * Whether a publish proven by its ready word has landed: the word shows its
- * generation, or a later occupant's (the slot is given a new generation only
- * after the ready word showed this one). The table stays mapped while the
- * pool is open, and no such entry is kept past close (publish_taken).
- */
-static int landed(const PoolObject *self, const struct keep *k)
-{
-    const struct vmmt_pool *p = self->pool;
-    const uint32_t *word = &p->table_host[vmmt__ctrl_ready(0, p->stride, k->slot) / 4];
-
-    return vmmt__occupant_of(vmmt__ctrl_load(word), k->gen) != VMMT__OCC_COPYING;
-}
-
-/*
- * Another thread's close may shut the pool down while a drain waits here
- * without the GIL: the table is read only with the GIL held and before
- * `shut`, so a proof cut short leaves the sources alive instead.
- */
-static int shut_fail(const struct keep *k)
-{
-    return vmmt__fail(VMMT_ECLOSED,
-                      "the pool was shut down before a publish's copy (slot %u, generation %u) "
-                      "was proven done; its sources stay alive",
-                      k->slot, k->gen);
-}
-
-/* Wait for a ready word without the GIL, bounded by the pool's timeout_ms. */
-static int wait_landed(PoolObject *self, const struct keep *k)
-{
-    const struct timespec nap = {0, 50 * 1000};
-    long bound = (long)(self->pool->cfg.timeout_ms > 0 ? self->pool->cfg.timeout_ms : 5000) * 20;
-
-    for (long i = 0; self->shut ? 0 : !landed(self, k); i++) {
-        if (i >= bound)
-            return vmmt__fail(VMMT_ETIMEDOUT,
-                              "a publish's copy (slot %u, generation %u) did not land within "
-                              "timeout_ms=%d; its sources stay alive",
-                              k->slot, k->gen, self->pool->cfg.timeout_ms);
-        Py_BEGIN_ALLOW_THREADS;
-        nanosleep(&nap, NULL);
-        Py_END_ALLOW_THREADS;
-    }
-    return self->shut ? shut_fail(k) : VMMT_OK;
-}
-
-/* Whether k's copy is done: 1 yes, 0 not yet, -1 the check failed (error set). */
-static int keep_done(PoolObject *self, const struct vmmt_drv *d, const struct keep *k)
-{
-    CUresult r;
-
-    if (k->by_ready) return self->shut ? (shut_fail(k), -1) : landed(self, k);
-    if (k->done == NULL) return 1;
-    r = d->cuEventQuery(k->done);
-    if (r == CUDA_ERROR_NOT_READY) return 0;
-    if (r == CUDA_SUCCESS) return 1;
-    vmmt__cu_fail(r, "checking that a publish's copy finished");
-    return -1;
-}
-
-/* Running copies a retire without `wait` looks past before it stops. */
-#define RETIRE_SCAN_RUNNING 4
-
-/*
- * Give back the sources whose copies are done; with `wait`, all of them,
- * waiting for each copy without the GIL. An entry leaves the list before
- * the GIL is released or any deleter runs (deleters run Python code, which
- * may publish again), so no other thread or reentrant call ever sees it.
- * A failed check says nothing about the copy: those sources stay alive
- * forever. GIL held.
- */
-static int retire(PoolObject *self, int wait)
-{
-    const struct vmmt_drv *d = NULL;
-    struct keep **pp = &self->kept, *k, *done = NULL;
-    int st = VMMT_OK, entered = 0, running = 0;
-
-    if (self->kept == NULL) return VMMT_OK;
-    if (self->uses_events) {
-        d = vmmt__drv();
-        if (d == NULL || vmmt__ctx_enter(self->device) != VMMT_OK) return vmmt_last_status();
-        entered = 1;
-    }
-    while ((k = *pp) != NULL) {
-        int r = keep_done(self, d, k);
-        if (r == 0) {
-            /*
-             * Copies on one stream finish in order, so behind a few that are
-             * still running the rest are too: stop there, or a burst of
-             * publishes ahead of the GPU would scan its whole backlog each time.
-             */
-            if (++running == RETIRE_SCAN_RUNNING && !wait) break;
-            pp = &k->next;
-            continue;
-        }
-        if (r < 0) {
-            st = vmmt_last_status();
-            k->n = 0;
-            k->owners = NULL;
-        }
-        unlink_keep(self, pp, k);
-        k->next = done;
-        done = k;
-    }
-    while (wait && (k = self->kept) != NULL) {
-        int r = VMMT_OK;
-        unlink_keep(self, &self->kept, k);
-        if (k->by_ready) {
-            r = wait_landed(self, k);
-        } else if (k->done != NULL) {
-            CUresult cr;
-            Py_BEGIN_ALLOW_THREADS;
-            cr = d->cuEventSynchronize(k->done);
-            Py_END_ALLOW_THREADS;
-            if (cr != CUDA_SUCCESS) r = vmmt__cu_fail(cr, "waiting for a publish's copy to finish");
-        }
-        if (r != VMMT_OK) {
-            st = r;
-            k->n = 0;
-            k->owners = NULL;
-        }
-        k->next = done;
-        done = k;
-    }
-    for (k = done; entered && k != NULL; k = k->next) {
-        if (k->done == NULL) continue;
-        if (self->spare_count < (int)(sizeof self->spare / sizeof self->spare[0]))
-            self->spare[self->spare_count++] = k->done;
-        else
-            d->cuEventDestroy(k->done);
-    }
-    if (entered) vmmt__ctx_leave();
-    while ((k = done) != NULL) {
-        done = k->next;
-        keep_release(k);
-        PyMem_Free(k);
-    }
-    return st;
-}
 
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
 {
@@ -223,8 +40,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->device = c.device;
-    self->tail = &self->kept;
-    self->uses_events = !self->pool->host_table || self->pool->table_host == NULL;
+    vmmtpy_kept_init(&self->kept, self->pool, self->device);
     return 0;
 }
 
@@ -255,27 +71,6 @@ static int emu_device_memory(PoolObject *self, uint64_t ptr)
           type == CU_MEMORYTYPE_DEVICE;
     vmmt__ctx_leave();
     return yes;
-}
-
-/* An event recorded on `stream` after the publish; NULL with an error set on failure. */
-static int record_done(PoolObject *self, void *stream, CUevent *out)
-{
-    const struct vmmt_drv *d = vmmt__drv();
-    CUevent ev = NULL;
-    int st;
-
-    if ((st = vmmt__ctx_enter(self->device)) != VMMT_OK) return st;
-    if (self->spare_count > 0)
-        ev = self->spare[--self->spare_count];
-    else
-        st = VMMT_CU(d, cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
-    if (st == VMMT_OK) {
-        st = VMMT_CU(d, cuEventRecord(ev, (CUstream)stream));
-        if (st != VMMT_OK) d->cuEventDestroy(ev);
-    }
-    vmmt__ctx_leave();
-    *out = st == VMMT_OK ? ev : NULL;
-    return st;
 }
 
 /*
@@ -322,49 +117,11 @@ static PyObject *publish_taken(PoolObject *self, struct keep *k, vmmt_buffer *bu
         else
             PyList_SetItem(out, i, b);
     }
-    if (self->closed) {
-        /* Closed meanwhile by another thread: no proof outlives the pool, so wait now. */
-        if (vmmt__ctx_enter(self->device) == VMMT_OK) {
-            if (vmmt__drv()->cuStreamSynchronize((CUstream)stream) != CUDA_SUCCESS) k = NULL;
-            vmmt__ctx_leave();
-        } else {
-            k = NULL; /* unknown: the sources stay alive */
-        }
-        goto out;
-    }
-    if (!self->uses_events) {
-        struct vmmt__desc dd;
-        if (vmmt__desc_decode(descs[0].bytes, &dd) != VMMT_OK) {
-            vmmtpy_raise(vmmt_last_status());
-            Py_CLEAR(out);
-            k = NULL; /* cannot be tracked: the sources stay alive */
-            goto out;
-        }
-        k->by_ready = 1;
-        k->slot = dd.slot;
-        k->gen = dd.generation;
-        /* A synchronous hand-off, or a host pool's CPU copy, has landed already. */
-        if (landed(self, k)) goto out;
-    } else if (record_done(self, stream, &k->done) != VMMT_OK) {
-        /* The copy is on `stream`: keep the sources until an event after it has passed. */
-        vmmtpy_raise(vmmt_last_status());
-        Py_CLEAR(out);
-        /* Without an event the only safe point is after a synchronize. */
-        if (vmmt__ctx_enter(self->device) == VMMT_OK) {
-            vmmt__drv()->cuStreamSynchronize((CUstream)stream);
-            vmmt__ctx_leave();
-        }
-        goto out;
-    }
-    *self->tail = k;
-    self->tail = &k->next;
-    self->kept_count++;
+    /* The copy is on `stream`: its sources stay until it is proven done. */
+    if (vmmtpy_kept_add(&self->kept, k, &descs[0], stream) != 0) Py_CLEAR(out);
     k = NULL;
 out:
-    if (k != NULL) {
-        keep_release(k);
-        PyMem_Free(k);
-    }
+    vmmtpy_keep_free(k);
     PyMem_Free(bufs);
     PyMem_Free(descs);
     return out;
@@ -383,15 +140,13 @@ static int count_arg(PyObject *seq, Py_ssize_t *n)
 
 static int prepare(PoolObject *self, Py_ssize_t n, struct keep **k, vmmt_buffer **bufs)
 {
-    if (retire(self, 0) != VMMT_OK) {
+    if (vmmtpy_kept_retire(&self->kept, 0) != VMMT_OK) {
         vmmtpy_raise(vmmt_last_status());
         return -1;
     }
-    *k = PyMem_Calloc(1, sizeof **k + (size_t)n * sizeof(*k)->src[0]);
-    *bufs = PyMem_Calloc((size_t)n, sizeof **bufs);
-    if (*k != NULL && *bufs != NULL) return 0;
+    if ((*k = vmmtpy_keep_new(n)) == NULL) return -1;
+    if ((*bufs = PyMem_Calloc((size_t)n, sizeof **bufs)) != NULL) return 0;
     PyMem_Free(*k);
-    PyMem_Free(*bufs);
     PyErr_NoMemory();
     return -1;
 }
@@ -420,8 +175,7 @@ static PyObject *pool_publish(PoolObject *self, PyObject *args)
         Py_XDECREF(cap);
         if (!bad) k->n = (size_t)i + 1;
         if (bad || vmmtpy_tensor_to_buffer(k->src[i].t, &bufs[i]) != 0) {
-            keep_release(k);
-            PyMem_Free(k);
+            vmmtpy_keep_free(k);
             PyMem_Free(bufs);
             return NULL;
         }
@@ -494,8 +248,7 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
         }
         Py_XDECREF(item);
         if (!ok) {
-            keep_release(k);
-            PyMem_Free(k);
+            vmmtpy_keep_free(k);
             PyMem_Free(bufs);
             return NULL;
         }
@@ -524,8 +277,7 @@ static PyObject *pool_publish_tensor(PoolObject *self, PyObject *args)
     Py_INCREF(owner);
     k->owners = owner;
     if (raw_fill(&bufs[0], ptr, nbytes, code, bits, 1, shape, loc) != 0) {
-        keep_release(k);
-        PyMem_Free(k);
+        vmmtpy_keep_free(k);
         PyMem_Free(bufs);
         return NULL;
     }
@@ -610,7 +362,7 @@ static PyObject *pool_reclaim(PoolObject *self, PyObject *unused)
 
     (void)unused;
     if (check_open(self) != 0) return NULL;
-    retire(self, 0);
+    vmmtpy_kept_retire(&self->kept, 0);
     {
         vmmt_pool *pool = self->pool;
         Py_BEGIN_ALLOW_THREADS;
@@ -635,7 +387,7 @@ static PyObject *pool_drain(PoolObject *self, PyObject *args)
     }
     if (st != VMMT_OK) return vmmtpy_raise(st);
     /* Drained: every copy is done, so every source can go. */
-    retire(self, 1);
+    vmmtpy_kept_retire(&self->kept, 1);
     Py_RETURN_NONE;
 }
 
@@ -656,16 +408,7 @@ static PyObject *pool_stats(PoolObject *self, PyObject *unused)
 static PyObject *pool_pending(PoolObject *self, PyObject *unused)
 {
     (void)unused;
-    return PyLong_FromSsize_t(self->kept_count);
-}
-
-static void release_events(PoolObject *self)
-{
-    if (self->spare_count == 0) return;
-    if (vmmt__drv() == NULL || vmmt__ctx_enter(self->device) != VMMT_OK) return;
-    while (self->spare_count > 0)
-        vmmt__drv()->cuEventDestroy(self->spare[--self->spare_count]);
-    vmmt__ctx_leave();
+    return PyLong_FromSsize_t(self->kept.count);
 }
 
 /* Shut the pool down: every copy done, sources given back, device memory freed. */
@@ -682,9 +425,9 @@ static int close_pool(PoolObject *self)
 
     if (pool == NULL || self->closed) return VMMT_OK;
     self->closed = 1;
-    retire(self, 1);
-    release_events(self);
-    self->shut = 1;
+    vmmtpy_kept_retire(&self->kept, 1);
+    vmmtpy_kept_release_events(&self->kept);
+    vmmtpy_kept_shut(&self->kept);
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_pool_shutdown(pool);
     Py_END_ALLOW_THREADS;
@@ -719,8 +462,8 @@ static void pool_dealloc(PoolObject *self)
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
 
     if (close_pool(self) != VMMT_OK) PyErr_Clear();
-    retire(self, 1); /* publishes that finished on other threads after close */
-    release_events(self);
+    vmmtpy_kept_retire(&self->kept, 1); /* publishes that finished on other threads after close */
+    vmmtpy_kept_release_events(&self->kept);
     vmmt_pool_destroy(self->pool);
     self->pool = NULL;
     tp_free(self);
