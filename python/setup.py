@@ -26,12 +26,11 @@ def rel(path):
 LIB_SOURCES = sorted(p for p in glob.glob(os.path.join(ROOT, "src", "*.c"))
                      if os.path.basename(p) != "group_mpi.c")
 EXT_SOURCES = sorted(glob.glob(os.path.join(HERE, "src", "*.c")))
-# The emulated driver is moving out of src/ into emu/, built as its own
-# libvmmt_emu.so that the library dlopens for VMMT_DRIVER=emu (it looks beside
-# the object holding the library's code first, which is this extension).
-# Until then it is compiled into the extension with the rest of src/.
+# The emulated driver (emu/) is its own libvmmt_emu.so, shipped beside the
+# extension: the library dlopens it for VMMT_DRIVER=emu, looking beside the
+# object that holds the library's code (this extension) first, and the tests
+# read its live counters there with ctypes (python/tests/emu_counters.py).
 EMU_SOURCES = sorted(glob.glob(os.path.join(ROOT, "emu", "*.c")))
-EMU_BUILTIN = os.path.exists(os.path.join(ROOT, "src", "emu.c"))
 
 CFLAGS = ["-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
           "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
@@ -39,19 +38,15 @@ CFLAGS = ["-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-pa
 if os.environ.get("CC", "gcc").endswith("gcc") or "CC" not in os.environ:
     CFLAGS.append("-Wno-format-truncation")
 MACROS = [("_GNU_SOURCE", None), ("VMMT_API", "")]
-if EMU_BUILTIN:
-    MACROS.append(("VMMT_PY_EMU_BUILTIN", "1"))
 INCLUDES = [rel(os.path.join(ROOT, "include")), rel(os.path.join(ROOT, "src")),
             rel(os.path.join(HERE, "src"))]
 
 
 class BuildExt(build_ext):
-    """build_ext, plus libvmmt_emu.so beside the extension once emu/ exists."""
+    """build_ext, plus libvmmt_emu.so beside the extension."""
 
     def run(self):
         super().run()
-        if not EMU_SOURCES:
-            return
         pkg_dir = os.path.join(HERE, "vmmt") if self.inplace else os.path.join(self.build_lib,
                                                                                  "vmmt")
         objects = self.compiler.compile(

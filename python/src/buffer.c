@@ -37,7 +37,75 @@ typedef struct {
     int ndim;
     int64_t shape[VMMT_MAX_DIMS];
     int64_t strides[VMMT_MAX_DIMS];
+    PyObject *keeper; /* a view (reservation): the memory is keeper's, not freed here */
+    struct vmmtpy_mem_cache *cache; /* where the memory goes back; NULL: to the driver */
 } BufferObject;
+
+uint64_t vmmtpy_cache_take(struct vmmtpy_mem_cache *c, int device, void *stream, uint64_t nbytes)
+{
+    for (int i = 0; c != NULL && !c->closed && i < c->count; i++) {
+        if (c->e[i].device != device || c->e[i].stream != stream || c->e[i].nbytes != nbytes)
+            continue;
+        uint64_t ptr = c->e[i].ptr;
+        c->bytes -= nbytes;
+        c->e[i] = c->e[--c->count];
+        c->hits++;
+        return ptr;
+    }
+    if (c != NULL) c->misses++;
+    return 0;
+}
+
+/* Keep a freed block; 0 when it does not fit (the caller frees it). */
+static int cache_put(struct vmmtpy_mem_cache *c, int device, void *stream, uint64_t nbytes,
+                     uint64_t ptr)
+{
+    if (c == NULL || c->closed || nbytes > c->limit - c->bytes) return 0;
+    if (c->count == VMMTPY_CACHE_ENTRIES) {
+        /* Full of other sizes: the oldest goes, so a new steady size takes over. */
+        if (vmmt_mem_free(c->e[0].device, c->e[0].ptr) != VMMT_OK)
+            vmmt__log(VMMT_LOG_WARN, "freeing a cached buffer: %s", vmmt_last_error());
+        c->bytes -= c->e[0].nbytes;
+        memmove(&c->e[0], &c->e[1], sizeof c->e[0] * (VMMTPY_CACHE_ENTRIES - 1));
+        c->count--;
+        if (nbytes > c->limit - c->bytes) return 0;
+    }
+    c->e[c->count].device = device;
+    c->e[c->count].stream = stream;
+    c->e[c->count].nbytes = nbytes;
+    c->e[c->count].ptr = ptr;
+    c->count++;
+    c->bytes += nbytes;
+    return 1;
+}
+
+void vmmtpy_cache_close(struct vmmtpy_mem_cache *c)
+{
+    if (c == NULL || c->closed) return;
+    c->closed = 1;
+    while (c->count > 0) {
+        c->count--;
+        if (vmmt_mem_free(c->e[c->count].device, c->e[c->count].ptr) != VMMT_OK)
+            vmmt__log(VMMT_LOG_WARN, "freeing a cached buffer: %s", vmmt_last_error());
+    }
+    c->bytes = 0;
+}
+
+void vmmtpy_cache_unref(struct vmmtpy_mem_cache *c)
+{
+    if (c != NULL && --c->refs == 0) {
+        vmmtpy_cache_close(c);
+        PyMem_Free(c);
+    }
+}
+
+void vmmtpy_buffer_set_cache(PyObject *buffer, struct vmmtpy_mem_cache *c)
+{
+    BufferObject *b = (BufferObject *)buffer;
+
+    if (c != NULL) c->refs++;
+    b->cache = c;
+}
 
 /* One exported tensor: the managed struct first, so the deleter finds the block. */
 struct export_block {
@@ -64,6 +132,8 @@ PyObject *vmmtpy_buffer_new(int device, uint64_t ptr, uint64_t nbytes, const vmm
     b->host_view = host_view;
     b->synced = 0;
     b->stream = stream;
+    b->keeper = NULL;
+    b->cache = NULL;
     /* An untyped descriptor becomes a flat array of bytes. */
     if (info->dtype.bits == 0) {
         b->dtype.code = kDLUInt;
@@ -82,6 +152,21 @@ PyObject *vmmtpy_buffer_new(int device, uint64_t ptr, uint64_t nbytes, const vmm
         b->strides[k] = stride;
         stride *= b->shape[k] ? b->shape[k] : 1;
     }
+    return (PyObject *)b;
+}
+
+PyObject *vmmtpy_buffer_view(int device, uint64_t ptr, uint64_t nbytes, int host_view,
+                             PyObject *keeper)
+{
+    vmmt_desc_info info;
+    BufferObject *b;
+
+    memset(&info, 0, sizeof info);
+    b = (BufferObject *)vmmtpy_buffer_new(device, ptr, nbytes, &info, NULL, host_view);
+    if (b == NULL) return NULL;
+    b->synced = 1; /* nothing was copied into it: no stream to wait for */
+    Py_INCREF(keeper);
+    b->keeper = keeper;
     return (PyObject *)b;
 }
 
@@ -290,13 +375,21 @@ static void buffer_dealloc(BufferObject *self)
      * emulator's does not (a queued copy would then fault), so wait for the
      * copy there first.
      */
+    if (self->keeper != NULL) {
+        Py_CLEAR(self->keeper);
+        tp_free(self);
+        Py_DECREF(tp);
+        return;
+    }
     if (!self->synced && vmmtpy_on_emu() && self->stream != NULL &&
         vmmt__ctx_enter(self->device) == VMMT_OK) {
         vmmt__drv()->cuStreamSynchronize((CUstream)self->stream);
         vmmt__ctx_leave();
     }
-    if (vmmt_mem_free(self->device, self->ptr) != VMMT_OK)
+    if (!cache_put(self->cache, self->device, self->stream, self->nbytes, self->ptr) &&
+        vmmt_mem_free(self->device, self->ptr) != VMMT_OK)
         vmmt__log(VMMT_LOG_WARN, "freeing a consumed buffer: %s", vmmt_last_error());
+    vmmtpy_cache_unref(self->cache);
     tp_free(self);
     Py_DECREF(tp);
 }

@@ -18,6 +18,7 @@ typedef struct {
     PyObject_HEAD vmmt_consumer *consumer;
     int busy;
     int closed;
+    struct vmmtpy_mem_cache *cache; /* freed buffers of consume(); NULL when disabled */
 } ConsumerObject;
 
 static void destroy_now(ConsumerObject *self)
@@ -50,8 +51,9 @@ static void leave(ConsumerObject *self)
 
 static int consumer_init(ConsumerObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"timeout_ms", "max_pools", NULL};
+    static char *kwlist[] = {"timeout_ms", "max_pools", "cache_bytes", NULL};
     vmmt_consumer_config c;
+    long long cache_bytes = 64ll << 20;
     int st;
 
     if (self->consumer != NULL) {
@@ -59,8 +61,13 @@ static int consumer_init(ConsumerObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     vmmt_consumer_config_init(&c);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ii", kwlist, &c.timeout_ms, &c.max_pools))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iiL", kwlist, &c.timeout_ms, &c.max_pools,
+                                     &cache_bytes))
         return -1;
+    if (cache_bytes < 0) {
+        PyErr_Format(PyExc_ValueError, "cache_bytes=%lld; use 0 (no cache) or more", cache_bytes);
+        return -1;
+    }
     if (c.timeout_ms <= 0) {
         PyErr_Format(PyExc_ValueError, "timeout_ms=%d; give a positive number of milliseconds",
                      c.timeout_ms);
@@ -70,9 +77,19 @@ static int consumer_init(ConsumerObject *self, PyObject *args, PyObject *kw)
         PyErr_Format(PyExc_ValueError, "max_pools=%d; use 0 (no limit) or more", c.max_pools);
         return -1;
     }
+    if (cache_bytes > 0) {
+        if ((self->cache = PyMem_Calloc(1, sizeof *self->cache)) == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->cache->refs = 1;
+        self->cache->limit = (uint64_t)cache_bytes;
+    }
     st = vmmt_consumer_create(&c, &self->consumer);
     if (st != VMMT_OK) {
         self->consumer = NULL;
+        vmmtpy_cache_unref(self->cache);
+        self->cache = NULL;
         vmmtpy_raise(st);
         return -1;
     }
@@ -96,8 +113,9 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
     if (vmmtpy_desc_arg(o, &d) != 0) return NULL;
     if (vmmt_desc_inspect(&d, &info) != VMMT_OK) return vmmtpy_raise(VMMT_EINVAL);
     if ((c = enter(self)) == NULL) return NULL;
+    ptr = vmmtpy_cache_take(self->cache, device, stream, info.nbytes);
     Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_mem_alloc(device, info.nbytes, &ptr);
+    st = ptr != 0 ? VMMT_OK : vmmt_mem_alloc(device, info.nbytes, &ptr);
     if (st == VMMT_OK) {
         st = vmmt_consume(c, &d, device, ptr, info.nbytes, stream, first, count);
         /* A failed consume still acknowledged, and its copy never ran or was drained. */
@@ -112,7 +130,10 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
     leave(self);
     if (st != VMMT_OK) return vmmtpy_raise(st);
     buf = vmmtpy_buffer_new(device, ptr, info.nbytes, &info, stream, vmmtpy_on_emu());
-    if (buf == NULL) vmmt_mem_free(device, ptr);
+    if (buf == NULL)
+        vmmt_mem_free(device, ptr);
+    else
+        vmmtpy_buffer_set_cache(buf, self->cache);
     return buf;
 }
 
@@ -192,8 +213,23 @@ static PyObject *consumer_pool_count(ConsumerObject *self, PyObject *unused)
     return PyLong_FromLong(vmmt_consumer_pool_count(self->consumer));
 }
 
+/* cache_info() -> (hits, misses, blocks, bytes): the buffer cache (tests use it). */
+static PyObject *consumer_cache_info(ConsumerObject *self, PyObject *unused)
+{
+    struct vmmtpy_mem_cache *c = self->cache;
+
+    (void)unused;
+    if (c == NULL) return Py_BuildValue("(KKiK)", 0ull, 0ull, 0, 0ull);
+    return Py_BuildValue("(KKiK)", (unsigned long long)c->hits, (unsigned long long)c->misses,
+                         c->count, (unsigned long long)c->bytes);
+}
+
 static void close_consumer(ConsumerObject *self)
 {
+    /* Buffers still alive hold the cache; they free to the driver from now on. */
+    vmmtpy_cache_close(self->cache);
+    vmmtpy_cache_unref(self->cache);
+    self->cache = NULL;
     self->closed = 1;
     if (self->busy == 0) destroy_now(self);
 }
@@ -240,6 +276,8 @@ static PyMethodDef consumer_methods[] = {
      "ack(desc, device, stream, rank_first=-1, rank_count=0)"},
     {"evict", (PyCFunction)consumer_evict, METH_VARARGS, "evict(pool_id, device)"},
     {"pool_count", (PyCFunction)consumer_pool_count, METH_NOARGS, "pools imported now"},
+    {"cache_info", (PyCFunction)consumer_cache_info, METH_NOARGS,
+     "(hits, misses, blocks, bytes) of the buffer cache"},
     {"close", (PyCFunction)consumer_close, METH_NOARGS, "close()"},
     {NULL, NULL, 0, NULL},
 };

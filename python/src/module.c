@@ -12,9 +12,6 @@
 #include "driver.h"
 #include "status.h"
 #include "vmm.h"
-#ifdef VMMT_PY_EMU_BUILTIN
-#include "emu.h"
-#endif
 
 PyObject *vmmtpy_Error, *vmmtpy_PoolFull, *vmmtpy_Timeout;
 PyTypeObject *vmmtpy_PoolType, *vmmtpy_ConsumerType, *vmmtpy_BufferType;
@@ -185,6 +182,34 @@ int vmmtpy_desc_arg(PyObject *o, vmmt_desc *d)
     return 0;
 }
 
+static PyObject *desc_type, *bytes_new;
+
+PyObject *vmmtpy_desc_new(const uint8_t *bytes)
+{
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)bytes, VMMT_DESC_SIZE), *out;
+
+    if (raw == NULL || desc_type == NULL) return raw;
+    out = PyObject_CallFunctionObjArgs(bytes_new, desc_type, raw, NULL);
+    Py_DECREF(raw);
+    return out;
+}
+
+static PyObject *py_set_descriptor_type(PyObject *self, PyObject *cls)
+{
+    (void)self;
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyBytes_Type)) {
+        PyErr_SetString(PyExc_TypeError, "the descriptor type must be a subclass of bytes");
+        return NULL;
+    }
+    if (bytes_new == NULL &&
+        (bytes_new = PyObject_GetAttrString((PyObject *)&PyBytes_Type, "__new__")) == NULL)
+        return NULL;
+    Py_INCREF(cls);
+    Py_XDECREF(desc_type);
+    desc_type = cls;
+    Py_RETURN_NONE;
+}
+
 /* The decoded descriptor as a tuple (see vmmt/__init__.py, Descriptor). */
 static PyObject *py_desc_inspect(PyObject *self, PyObject *arg)
 {
@@ -209,6 +234,21 @@ static PyObject *py_desc_inspect(PyObject *self, PyObject *arg)
                          i.slot, i.generation, (unsigned long long)i.nbytes, (int)i.dtype.code,
                          (int)i.dtype.bits, (int)i.dtype.lanes, shape, i.stream_ordered,
                          i.pack_index, i.pack_count);
+}
+
+/* desc_check(bytes): validate like desc_inspect, without building its tuple (unpickling). */
+static PyObject *py_desc_check(PyObject *self, PyObject *arg)
+{
+    vmmt_desc d;
+    vmmt_desc_info i;
+
+    (void)self;
+    if (vmmtpy_desc_arg(arg, &d) != 0) return NULL;
+    if (vmmt_desc_inspect(&d, &i) != VMMT_OK) {
+        PyErr_SetString(PyExc_ValueError, vmmt_last_error());
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /*
@@ -276,6 +316,43 @@ static PyObject *py_mem_copy(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/*
+ * host_memoryview(ptr, nbytes) -> writable memoryview of host memory (a host
+ * pool's reservation, or the emulator's device memory). It does not keep the
+ * memory alive: the package hands it out only for a reservation, valid until
+ * commit, cancel or close.
+ */
+/* PyBUF_WRITE's value, fixed by the stable ABI; the limited API names it from 3.11 on. */
+#ifndef PyBUF_WRITE
+#define PyBUF_WRITE 0x200
+#endif
+
+static PyObject *py_host_memoryview(PyObject *self, PyObject *args)
+{
+    unsigned long long ptr;
+    Py_ssize_t n;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kn", &ptr, &n)) return NULL;
+    if (ptr == 0 || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "host_memoryview: no memory");
+        return NULL;
+    }
+    return PyMemoryView_FromMemory((char *)(uintptr_t)ptr, n, PyBUF_WRITE);
+}
+
+/* _slice_view(keeper, device, ptr, nbytes, host_view) -> Buffer over memory keeper holds. */
+static PyObject *py_slice_view(PyObject *self, PyObject *args)
+{
+    PyObject *keeper;
+    unsigned long long ptr, n;
+    int device, host_view;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OiKKp", &keeper, &device, &ptr, &n, &host_view)) return NULL;
+    return vmmtpy_buffer_view(device, ptr, n, host_view, keeper);
+}
+
 /* Wait for a stream (tests, benchmarks and the CPU view of consumed buffers). */
 static PyObject *py_stream_synchronize(PyObject *self, PyObject *args)
 {
@@ -295,25 +372,6 @@ static PyObject *py_stream_synchronize(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* ------------------------------------------------------ test hook */
-
-#ifdef VMMT_PY_EMU_BUILTIN
-/*
- * The emulated driver's live counters, for the leak checks of the tests
- * (python/tests/emu_counters.py). Private: not part of vmmt's API; once the
- * emulator is its own library the tests read them from it with ctypes.
- */
-static PyObject *py_emu_live(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "allocations", vmmt__emu_live_allocations(),
-                         "reservations", vmmt__emu_live_reservations(), "mappings",
-                         vmmt__emu_live_mappings(), "streams", vmmt__emu_live_streams(), "events",
-                         vmmt__emu_live_events(), "blocks", vmmt__emu_live_blocks());
-}
-#endif
-
 static PyMethodDef methods[] = {
     {"driver_select", py_driver_select, METH_O, "Choose the driver: 'cuda' or 'emu'."},
     {"driver_info", py_driver_info, METH_NOARGS, "(driver name, CUDA version, device count)."},
@@ -321,18 +379,22 @@ static PyMethodDef methods[] = {
     {"probe_reset", py_probe_reset, METH_NOARGS, "Forget cached probes."},
     {"open_files", py_open_files, METH_NOARGS, "(soft, hard) limits of open files."},
     {"desc_inspect", py_desc_inspect, METH_O, "Decode and validate a 512-byte descriptor."},
+    {"desc_check", py_desc_check, METH_O, "Validate a 512-byte descriptor (ValueError)."},
     {"capsule_info", py_capsule_info, METH_O,
      "(ptr, nbytes, device_type, device_id, readonly) of a DLPack capsule's tensor."},
     {"mem_alloc", py_mem_alloc, METH_VARARGS, "mem_alloc(device, nbytes) -> device pointer."},
     {"mem_free", py_mem_free, METH_VARARGS, "mem_free(device, ptr)."},
     {"mem_copy", py_mem_copy, METH_VARARGS, "mem_copy(device, dst, src, nbytes, stream=0)."},
+    {"_slice_view", py_slice_view, METH_VARARGS,
+     "Private: a DLPack exporter over a reservation's slice."},
+    {"host_memoryview", py_host_memoryview, METH_VARARGS,
+     "host_memoryview(ptr, nbytes) -> writable memoryview (reservations only)."},
     {"stream_synchronize", py_stream_synchronize, METH_VARARGS,
      "stream_synchronize(device, stream=0)."},
+    {"_set_descriptor_type", py_set_descriptor_type, METH_O,
+     "Private: the bytes subclass that publishes return (vmmt.Descriptor)."},
     {"_bench_c", vmmtpy_bench_c, METH_VARARGS,
      "Benchmark only: the C API's cost per publish and per consume, in this process."},
-#ifdef VMMT_PY_EMU_BUILTIN
-    {"_emu_live", py_emu_live, METH_NOARGS, "Test hook: the emulated driver's live counters."},
-#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,168 +1,36 @@
 /*
  * vmmt._vmmt.Pool: a producer pool. publish() takes DLPack capsules, so it
  * reads each tensor's pointer, dtype and shape itself and publishes them in
- * one call. A stream-ordered publish returns before its copy has run, so the
- * source tensors must outlive the copy: the pool keeps each publish's
- * managed tensors with an event recorded after it, and calls their deleters
- * once the event has completed (checked at every publish, reclaim, drain and
- * close), never earlier.
+ * one call; publish_raw and publish_tensor take PyTorch tensors' fields
+ * directly. The sources stay alive until their copies are proven done
+ * (pool_keep.c); the arguments (pool_config.c) and the stats (pool_stats.c)
+ * have files of their own.
  */
 #include <string.h>
 
-#include "py_vmmt.h"
+#include "pool_keep.h"
 
 #include "driver.h"
+#include "pool_internal.h"
 #include "status.h"
-
-/* The sources of one publish, alive until `done` has completed. */
-struct keep {
-    struct keep *next;
-    CUevent done;
-    PyObject *owners; /* publish_raw: the arrays themselves (a tuple) */
-    size_t n;
-    struct vmmtpy_src src[];
-};
 
 typedef struct {
     PyObject_HEAD vmmt_pool *pool;
     int device;
     int closed;
-    struct keep *kept;  /* oldest first */
-    struct keep **tail; /* where the next one goes */
-    CUevent spare[8];   /* events to reuse: creating one per publish costs microseconds */
-    int spare_count;
-    Py_ssize_t kept_count;
+    struct vmmtpy_kept kept; /* sources of copies that may still run */
 } PoolObject;
-
-static void keep_release(struct keep *k)
-{
-    for (size_t i = 0; i < k->n; i++)
-        vmmtpy_src_release(&k->src[i]);
-    Py_CLEAR(k->owners);
-}
-
-/* Take k out of the kept list; pp points at the link that holds it. GIL held. */
-static void unlink_keep(PoolObject *self, struct keep **pp, struct keep *k)
-{
-    *pp = k->next;
-    if (self->tail == &k->next) self->tail = pp;
-    self->kept_count--;
-}
-
-/*
- * Give back the sources whose copies are done; with `wait`, all of them,
- * waiting for each copy without the GIL. An entry leaves the list before
- * the GIL is released or any deleter runs (deleters run Python code, which
- * may publish again), so no other thread or reentrant call ever sees it.
- * A failed event says nothing about the copy: those sources stay alive
- * forever. GIL held.
- */
-static int retire(PoolObject *self, int wait)
-{
-    const struct vmmt_drv *d;
-    struct keep **pp = &self->kept, *k, *done = NULL;
-    int st = VMMT_OK;
-
-    if (self->kept == NULL) return VMMT_OK;
-    d = vmmt__drv();
-    if (d == NULL || vmmt__ctx_enter(self->device) != VMMT_OK) return vmmt_last_status();
-    while ((k = *pp) != NULL) {
-        CUresult r = k->done != NULL ? d->cuEventQuery(k->done) : CUDA_SUCCESS;
-        if (r == CUDA_ERROR_NOT_READY) {
-            pp = &k->next;
-            continue;
-        }
-        if (r != CUDA_SUCCESS) {
-            st = vmmt__cu_fail(r, "checking that a publish's copy finished");
-            k->n = 0;
-            k->owners = NULL;
-        }
-        unlink_keep(self, pp, k);
-        k->next = done;
-        done = k;
-    }
-    while (wait && (k = self->kept) != NULL) {
-        CUresult r = CUDA_SUCCESS;
-        unlink_keep(self, &self->kept, k);
-        if (k->done != NULL) {
-            Py_BEGIN_ALLOW_THREADS;
-            r = d->cuEventSynchronize(k->done);
-            Py_END_ALLOW_THREADS;
-        }
-        if (r != CUDA_SUCCESS) {
-            st = vmmt__cu_fail(r, "waiting for a publish's copy to finish");
-            k->n = 0;
-            k->owners = NULL;
-        }
-        k->next = done;
-        done = k;
-    }
-    for (k = done; k != NULL; k = k->next) {
-        if (k->done == NULL) continue;
-        if (self->spare_count < (int)(sizeof self->spare / sizeof self->spare[0]))
-            self->spare[self->spare_count++] = k->done;
-        else
-            d->cuEventDestroy(k->done);
-    }
-    vmmt__ctx_leave();
-    while ((k = done) != NULL) {
-        done = k->next;
-        keep_release(k);
-        PyMem_Free(k);
-    }
-    return st;
-}
 
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {
-        "device",      "memory_size",          "consumer_count", "max_slices",
-        "handle_type", "allow_posix_fallback", "round_up",       "broker_path",
-        "timeout_ms",  "recycle_interval_us",  "handoff",        "device_control_table",
-        NULL};
     vmmt_pool_config c;
-    const char *handle = "auto", *handoff = "auto", *broker = NULL;
-    unsigned long long size = 0;
-    unsigned int max_slices, recycle;
-    int fallback, round_up, dct, st;
-    vmmt_handle_type ht;
+    int st;
 
     if (self->pool != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Pool.__init__ called twice");
         return -1;
     }
-    vmmt_pool_config_init(&c);
-    max_slices = c.max_slices;
-    recycle = c.recycle_interval_us;
-    fallback = c.allow_posix_fallback;
-    round_up = c.round_up;
-    dct = c.device_control_table;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iKi|IsppziIsp", kwlist, &c.device, &size,
-                                     &c.consumer_count, &max_slices, &handle, &fallback, &round_up,
-                                     &broker, &c.timeout_ms, &recycle, &handoff, &dct))
-        return -1;
-    if ((st = vmmt_handle_type_parse(handle, &ht)) != VMMT_OK) {
-        vmmtpy_raise(st);
-        return -1;
-    }
-    if (strcmp(handoff, "auto") == 0)
-        c.handoff = VMMT_HANDOFF_AUTO;
-    else if (strcmp(handoff, "stream") == 0)
-        c.handoff = VMMT_HANDOFF_STREAM;
-    else if (strcmp(handoff, "sync") == 0)
-        c.handoff = VMMT_HANDOFF_SYNC;
-    else {
-        PyErr_Format(PyExc_ValueError, "handoff='%s'; use 'auto', 'stream' or 'sync'", handoff);
-        return -1;
-    }
-    c.memory_size = size;
-    c.max_slices = max_slices;
-    c.recycle_interval_us = recycle;
-    c.handle_type = ht;
-    c.allow_posix_fallback = fallback;
-    c.round_up = round_up;
-    c.broker_path = broker;
-    c.device_control_table = dct;
+    if (vmmtpy_pool_config(args, kw, &c) != 0) return -1;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_pool_create(&c, &self->pool);
     Py_END_ALLOW_THREADS;
@@ -172,7 +40,7 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->device = c.device;
-    self->tail = &self->kept;
+    vmmtpy_kept_init(&self->kept, self->pool, self->device);
     return 0;
 }
 
@@ -195,33 +63,14 @@ static int emu_device_memory(PoolObject *self, uint64_t ptr)
     unsigned type = 0;
     int yes = 0;
 
-    if (!vmmtpy_on_emu() || vmmt__ctx_enter(self->device) != VMMT_OK) return 0;
+    /* A host pool copies host sources with the CPU: asking would make a context. */
+    if (!vmmtpy_on_emu() || self->pool->host_mem || vmmt__ctx_enter(self->device) != VMMT_OK)
+        return 0;
     yes = vmmt__drv()->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) ==
               CUDA_SUCCESS &&
           type == CU_MEMORYTYPE_DEVICE;
     vmmt__ctx_leave();
     return yes;
-}
-
-/* An event recorded on `stream` after the publish; NULL with an error set on failure. */
-static int record_done(PoolObject *self, void *stream, CUevent *out)
-{
-    const struct vmmt_drv *d = vmmt__drv();
-    CUevent ev = NULL;
-    int st;
-
-    if ((st = vmmt__ctx_enter(self->device)) != VMMT_OK) return st;
-    if (self->spare_count > 0)
-        ev = self->spare[--self->spare_count];
-    else
-        st = VMMT_CU(d, cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
-    if (st == VMMT_OK) {
-        st = VMMT_CU(d, cuEventRecord(ev, (CUstream)stream));
-        if (st != VMMT_OK) d->cuEventDestroy(ev);
-    }
-    vmmt__ctx_leave();
-    *out = st == VMMT_OK ? ev : NULL;
-    return st;
 }
 
 /*
@@ -262,32 +111,17 @@ static PyObject *publish_taken(PoolObject *self, struct keep *k, vmmt_buffer *bu
     }
     out = PyList_New(n);
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        PyObject *b = PyBytes_FromStringAndSize((const char *)descs[i].bytes, VMMT_DESC_SIZE);
+        PyObject *b = vmmtpy_desc_new(descs[i].bytes);
         if (b == NULL)
             Py_CLEAR(out);
         else
             PyList_SetItem(out, i, b);
     }
-    /* The copy is on `stream`: keep the sources until it has passed. */
-    if (record_done(self, stream, &k->done) != VMMT_OK) {
-        vmmtpy_raise(vmmt_last_status());
-        Py_CLEAR(out);
-        /* Without an event the only safe point is after a synchronize. */
-        if (vmmt__ctx_enter(self->device) == VMMT_OK) {
-            vmmt__drv()->cuStreamSynchronize((CUstream)stream);
-            vmmt__ctx_leave();
-        }
-        goto out;
-    }
-    *self->tail = k;
-    self->tail = &k->next;
-    self->kept_count++;
+    /* The copy is on `stream`: its sources stay until it is proven done. */
+    if (vmmtpy_kept_add(&self->kept, k, &descs[0], stream) != 0) Py_CLEAR(out);
     k = NULL;
 out:
-    if (k != NULL) {
-        keep_release(k);
-        PyMem_Free(k);
-    }
+    vmmtpy_keep_free(k);
     PyMem_Free(bufs);
     PyMem_Free(descs);
     return out;
@@ -306,15 +140,13 @@ static int count_arg(PyObject *seq, Py_ssize_t *n)
 
 static int prepare(PoolObject *self, Py_ssize_t n, struct keep **k, vmmt_buffer **bufs)
 {
-    if (retire(self, 0) != VMMT_OK) {
+    if (vmmtpy_kept_retire(&self->kept, 0) != VMMT_OK) {
         vmmtpy_raise(vmmt_last_status());
         return -1;
     }
-    *k = PyMem_Calloc(1, sizeof **k + (size_t)n * sizeof(*k)->src[0]);
-    *bufs = PyMem_Calloc((size_t)n, sizeof **bufs);
-    if (*k != NULL && *bufs != NULL) return 0;
+    if ((*k = vmmtpy_keep_new(n)) == NULL) return -1;
+    if ((*bufs = PyMem_Calloc((size_t)n, sizeof **bufs)) != NULL) return 0;
     PyMem_Free(*k);
-    PyMem_Free(*bufs);
     PyErr_NoMemory();
     return -1;
 }
@@ -343,13 +175,38 @@ static PyObject *pool_publish(PoolObject *self, PyObject *args)
         Py_XDECREF(cap);
         if (!bad) k->n = (size_t)i + 1;
         if (bad || vmmtpy_tensor_to_buffer(k->src[i].t, &bufs[i]) != 0) {
-            keep_release(k);
-            PyMem_Free(k);
+            vmmtpy_keep_free(k);
             PyMem_Free(bufs);
             return NULL;
         }
     }
     return publish_taken(self, k, bufs, n, stream, none_when_full);
+}
+
+/* One raw item into b: shape is any sequence of ints. 0, or -1 with an error set. */
+static int raw_fill(vmmt_buffer *b, unsigned long long ptr, unsigned long long nbytes, int code,
+                    int bits, int lanes, PyObject *shape, int loc)
+{
+    b->ndim = (int)PySequence_Size(shape);
+    if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "tensor has %d dimensions; vmmt carries at most %d",
+                         b->ndim, VMMT_MAX_DIMS);
+        return -1;
+    }
+    for (int d = 0; d < b->ndim; d++) {
+        PyObject *v = PySequence_GetItem(shape, d);
+        b->shape[d] = v ? PyLong_AsLongLong(v) : -1;
+        Py_XDECREF(v);
+        if (PyErr_Occurred()) return -1;
+    }
+    b->ptr = ptr;
+    b->nbytes = nbytes;
+    b->dtype.code = (uint8_t)code;
+    b->dtype.bits = (uint8_t)bits;
+    b->dtype.lanes = (uint16_t)lanes;
+    b->location = loc;
+    return 0;
 }
 
 /*
@@ -381,43 +238,55 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
         PyObject *item = PySequence_GetItem(seq, i), *owner, *shape;
         unsigned long long ptr, nbytes;
         int code, bits, lanes, loc, ok;
-        vmmt_buffer *b = &bufs[i];
 
         ok = item != NULL && PyArg_ParseTuple(item, "OKKiiiOi", &owner, &ptr, &nbytes, &code, &bits,
                                               &lanes, &shape, &loc);
         if (ok) {
             Py_INCREF(owner);
             PyTuple_SetItem(owners, i, owner);
-            b->ndim = (int)PySequence_Size(shape);
-            if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS) {
-                if (!PyErr_Occurred())
-                    PyErr_Format(PyExc_ValueError,
-                                 "tensor has %d dimensions; vmmt carries at most %d", b->ndim,
-                                 VMMT_MAX_DIMS);
-                ok = 0;
-            }
-        }
-        for (int d = 0; ok && d < b->ndim; d++) {
-            PyObject *v = PySequence_GetItem(shape, d);
-            b->shape[d] = v ? PyLong_AsLongLong(v) : -1;
-            Py_XDECREF(v);
-            ok = !PyErr_Occurred();
+            ok = raw_fill(&bufs[i], ptr, nbytes, code, bits, lanes, shape, loc) == 0;
         }
         Py_XDECREF(item);
         if (!ok) {
-            keep_release(k);
-            PyMem_Free(k);
+            vmmtpy_keep_free(k);
             PyMem_Free(bufs);
             return NULL;
         }
-        b->ptr = ptr;
-        b->nbytes = nbytes;
-        b->dtype.code = (uint8_t)code;
-        b->dtype.bits = (uint8_t)bits;
-        b->dtype.lanes = (uint16_t)lanes;
-        b->location = loc;
     }
     return publish_taken(self, k, bufs, n, stream, none_when_full);
+}
+
+/*
+ * publish_tensor(owner, ptr, nbytes, code, bits, shape, location, stream)
+ * -> Descriptor: publish_raw for one array of one lane, without the lists
+ * (the hot path of Pool.publish for a PyTorch tensor).
+ */
+static PyObject *pool_publish_tensor(PoolObject *self, PyObject *args)
+{
+    PyObject *owner, *shape, *list, *one;
+    unsigned long long ptr, nbytes;
+    int code, bits, loc;
+    void *stream = NULL;
+    struct keep *k;
+    vmmt_buffer *bufs;
+
+    if (!PyArg_ParseTuple(args, "OKKiiOiO&", &owner, &ptr, &nbytes, &code, &bits, &shape, &loc,
+                          vmmtpy_stream_conv, &stream))
+        return NULL;
+    if (check_open(self) != 0 || prepare(self, 1, &k, &bufs) != 0) return NULL;
+    Py_INCREF(owner);
+    k->owners = owner;
+    if (raw_fill(&bufs[0], ptr, nbytes, code, bits, 1, shape, loc) != 0) {
+        vmmtpy_keep_free(k);
+        PyMem_Free(bufs);
+        return NULL;
+    }
+    list = publish_taken(self, k, bufs, 1, stream, 0);
+    if (list == NULL) return NULL;
+    one = PyList_GetItem(list, 0);
+    Py_INCREF(one);
+    Py_DECREF(list);
+    return one;
 }
 
 static PyObject *pool_cancel(PoolObject *self, PyObject *arg)
@@ -431,6 +300,61 @@ static PyObject *pool_cancel(PoolObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* reserve(nbytes) -> (ptr, nbytes, location, token bytes): vmmt_reserve. */
+static PyObject *pool_reserve(PoolObject *self, PyObject *args)
+{
+    unsigned long long nbytes;
+    vmmt_reservation r;
+    vmmt_pool *pool;
+    int st;
+
+    if (!PyArg_ParseTuple(args, "K", &nbytes) || check_open(self) != 0) return NULL;
+    pool = self->pool;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_reserve(pool, nbytes, &r);
+    Py_END_ALLOW_THREADS;
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    return Py_BuildValue("(KKiy#)", (unsigned long long)r.ptr, (unsigned long long)r.nbytes,
+                         r.location, (const char *)r.token.bytes, (Py_ssize_t)VMMT_DESC_SIZE);
+}
+
+/*
+ * commit(ptr, nbytes, location, token, what_nbytes, code, bits, lanes,
+ * shape, stream) -> Descriptor: vmmt_commit of the reservation reserve()
+ * described; bits == 0 publishes untyped bytes (shape ignored).
+ */
+static PyObject *pool_commit(PoolObject *self, PyObject *args)
+{
+    unsigned long long ptr, nbytes, what_nbytes;
+    int location, code, bits, lanes, st;
+    PyObject *token, *shape;
+    void *stream = NULL;
+    vmmt_reservation r;
+    vmmt_buffer what;
+    vmmt_desc out;
+    vmmt_pool *pool;
+
+    if (!PyArg_ParseTuple(args, "KKiOKiiiOO&", &ptr, &nbytes, &location, &token, &what_nbytes,
+                          &code, &bits, &lanes, &shape, vmmtpy_stream_conv, &stream))
+        return NULL;
+    if (check_open(self) != 0 || vmmtpy_desc_arg(token, &r.token) != 0) return NULL;
+    r.ptr = ptr;
+    r.nbytes = nbytes;
+    r.location = location;
+    memset(&what, 0, sizeof what);
+    if (bits != 0) {
+        if (raw_fill(&what, 0, what_nbytes, code, bits, lanes, shape, 0) != 0) return NULL;
+    } else {
+        what.nbytes = what_nbytes;
+    }
+    pool = self->pool;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_commit(pool, &r, &what, stream, &out);
+    Py_END_ALLOW_THREADS;
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    return vmmtpy_desc_new(out.bytes);
+}
+
 static PyObject *pool_reclaim(PoolObject *self, PyObject *unused)
 {
     uint32_t freed = 0;
@@ -438,7 +362,7 @@ static PyObject *pool_reclaim(PoolObject *self, PyObject *unused)
 
     (void)unused;
     if (check_open(self) != 0) return NULL;
-    retire(self, 0);
+    vmmtpy_kept_retire(&self->kept, 0);
     {
         vmmt_pool *pool = self->pool;
         Py_BEGIN_ALLOW_THREADS;
@@ -463,7 +387,7 @@ static PyObject *pool_drain(PoolObject *self, PyObject *args)
     }
     if (st != VMMT_OK) return vmmtpy_raise(st);
     /* Drained: every copy is done, so every source can go. */
-    retire(self, 1);
+    vmmtpy_kept_retire(&self->kept, 1);
     Py_RETURN_NONE;
 }
 
@@ -474,36 +398,17 @@ static PyObject *pool_stats(PoolObject *self, PyObject *unused)
 
     (void)unused;
     if (check_open(self) != 0) return NULL;
+    memset(&s, 0, sizeof s);
     st = vmmt_pool_get_stats(self->pool, &s);
     if (st != VMMT_OK) return vmmtpy_raise(st);
-    return Py_BuildValue(
-        "{s:s,s:s,s:O,s:O,s:K,s:K,s:K,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "handle_type",
-        vmmt_handle_type_name(s.handle_type), "handoff", vmmt_handoff_name(s.handoff),
-        "fell_back_to_posix", s.fell_back_to_posix ? Py_True : Py_False, "host_control_table",
-        s.host_control_table ? Py_True : Py_False, "allocation_size",
-        (unsigned long long)s.allocation_size, "table_bytes", (unsigned long long)s.table_bytes,
-        "data_bytes", (unsigned long long)s.data_bytes, "slots", s.slots, "in_flight", s.in_flight,
-        "in_flight_bytes", (unsigned long long)s.in_flight_bytes, "published",
-        (unsigned long long)s.published, "recycled", (unsigned long long)s.recycled, "cancelled",
-        (unsigned long long)s.cancelled, "full", (unsigned long long)s.full, "reclaims",
-        (unsigned long long)s.reclaims, "broker_served", (unsigned long long)s.broker_served,
-        "broker_refused", (unsigned long long)s.broker_refused);
+    return vmmtpy_pool_stats_dict(&s);
 }
 
 /* Sources still held for copies that may be running (tests use it). */
 static PyObject *pool_pending(PoolObject *self, PyObject *unused)
 {
     (void)unused;
-    return PyLong_FromSsize_t(self->kept_count);
-}
-
-static void release_events(PoolObject *self)
-{
-    if (self->spare_count == 0) return;
-    if (vmmt__drv() == NULL || vmmt__ctx_enter(self->device) != VMMT_OK) return;
-    while (self->spare_count > 0)
-        vmmt__drv()->cuEventDestroy(self->spare[--self->spare_count]);
-    vmmt__ctx_leave();
+    return PyLong_FromSsize_t(self->kept.count);
 }
 
 /* Shut the pool down: every copy done, sources given back, device memory freed. */
@@ -520,8 +425,9 @@ static int close_pool(PoolObject *self)
 
     if (pool == NULL || self->closed) return VMMT_OK;
     self->closed = 1;
-    retire(self, 1);
-    release_events(self);
+    vmmtpy_kept_retire(&self->kept, 1);
+    vmmtpy_kept_release_events(&self->kept);
+    vmmtpy_kept_shut(&self->kept);
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_pool_shutdown(pool);
     Py_END_ALLOW_THREADS;
@@ -556,8 +462,8 @@ static void pool_dealloc(PoolObject *self)
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
 
     if (close_pool(self) != VMMT_OK) PyErr_Clear();
-    retire(self, 1); /* publishes that finished on other threads after close */
-    release_events(self);
+    vmmtpy_kept_retire(&self->kept, 1); /* publishes that finished on other threads after close */
+    vmmtpy_kept_release_events(&self->kept);
     vmmt_pool_destroy(self->pool);
     self->pool = NULL;
     tp_free(self);
@@ -579,7 +485,13 @@ static PyMethodDef pool_methods[] = {
      "publish(capsules, stream, none_when_full=False) -> list of descriptor bytes"},
     {"publish_raw", (PyCFunction)pool_publish_raw, METH_VARARGS,
      "publish_raw(items, stream, none_when_full=False): the capsule-free fast path"},
-    {"cancel", (PyCFunction)pool_cancel, METH_O, "cancel(descriptor bytes)"},
+    {"publish_tensor", (PyCFunction)pool_publish_tensor, METH_VARARGS,
+     "publish_tensor(owner, ptr, nbytes, code, bits, shape, location, stream) -> Descriptor"},
+    {"cancel", (PyCFunction)pool_cancel, METH_O, "cancel(descriptor or reservation token bytes)"},
+    {"reserve", (PyCFunction)pool_reserve, METH_VARARGS,
+     "reserve(nbytes) -> (ptr, nbytes, location, token)"},
+    {"commit", (PyCFunction)pool_commit, METH_VARARGS,
+     "commit(ptr, nbytes, location, token, what_nbytes, code, bits, lanes, shape, stream)"},
     {"reclaim", (PyCFunction)pool_reclaim, METH_NOARGS, "reclaim() -> slices freed"},
     {"drain", (PyCFunction)pool_drain, METH_VARARGS, "drain(timeout_ms=5000)"},
     {"stats", (PyCFunction)pool_stats, METH_NOARGS, "stats() -> dict"},

@@ -26,6 +26,14 @@ extern PyObject *vmmtpy_Error, *vmmtpy_PoolFull, *vmmtpy_Timeout;
  */
 PyObject *vmmtpy_raise(int status);
 
+/*
+ * A new vmmt.Descriptor (the Python bytes subclass, registered by the
+ * package through _set_descriptor_type) holding these 512 bytes, made by
+ * bytes.__new__ without the validation of Descriptor(): the library just
+ * built them. Plain bytes before the type is registered.
+ */
+PyObject *vmmtpy_desc_new(const uint8_t *bytes);
+
 /* A 512-byte descriptor from bytes; ValueError otherwise. */
 int vmmtpy_desc_arg(PyObject *o, vmmt_desc *d);
 
@@ -61,6 +69,54 @@ extern PyType_Spec vmmtpy_pool_spec, vmmtpy_consumer_spec, vmmtpy_buffer_spec;
  */
 PyObject *vmmtpy_buffer_new(int device, uint64_t ptr, uint64_t nbytes, const vmmt_desc_info *info,
                             void *stream, int host_view);
+
+/*
+ * A Buffer that exports nbytes at ptr as flat writable uint8 without owning
+ * them (a reservation's slice): keeper stays referenced while it lives.
+ */
+PyObject *vmmtpy_buffer_view(int device, uint64_t ptr, uint64_t nbytes, int host_view,
+                             PyObject *keeper);
+
+/*
+ * A consumer's cache of freed device buffers (consume without out=), so a
+ * steady stream of same-size consumes does not call cuMemAlloc/cuMemFree
+ * (which synchronizes). A buffer is reused only for a consume on the same
+ * device and stream it was consumed on, so stream order keeps work queued on
+ * that stream ahead of the copy that overwrites it; work on other streams
+ * must be ordered before the array is dropped (PyTorch's record_stream rule
+ * for its own caching allocator). Bounded by bytes and entries; emptied on
+ * the consumer's close. Used with the GIL held only; shared by the consumer
+ * and its live buffers through `refs`.
+ */
+#define VMMTPY_CACHE_ENTRIES 16
+struct vmmtpy_mem_cache {
+    long refs;
+    int closed; /* the consumer closed: buffers free straight to the driver */
+    uint64_t limit, bytes;
+    int count;
+    struct {
+        int device;
+        void *stream;
+        uint64_t nbytes, ptr;
+    } e[VMMTPY_CACHE_ENTRIES];
+    uint64_t hits, misses;
+};
+/* A cached block of exactly nbytes for (device, stream), or 0. */
+uint64_t vmmtpy_cache_take(struct vmmtpy_mem_cache *c, int device, void *stream, uint64_t nbytes);
+/* Drop one reference; the last frees the struct (after close emptied it). */
+void vmmtpy_cache_unref(struct vmmtpy_mem_cache *c);
+/* Close: free every cached block, and let later frees go to the driver. */
+void vmmtpy_cache_close(struct vmmtpy_mem_cache *c);
+
+/* Give a consumed Buffer its cache (a reference is taken); NULL: freed at once. */
+void vmmtpy_buffer_set_cache(PyObject *buffer, struct vmmtpy_mem_cache *c);
+
+/* Pool(...)'s arguments as a config (pool_config.c); -1 with an error set. broker_path
+ * points into args: use the config while they are alive. */
+int vmmtpy_pool_config(PyObject *args, PyObject *kw, vmmt_pool_config *c);
+
+/* Every field of a pool's stats as a dict (pool_stats.c). */
+PyObject *vmmtpy_pool_stats_dict(const vmmt_pool_stats *s);
 
 /* The C handles behind the types (the benchmark's C loop uses them); NULL + TypeError. */
 vmmt_pool *vmmtpy_pool_handle(PyObject *o);

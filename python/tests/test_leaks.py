@@ -61,25 +61,75 @@ def test_failures_leak_nothing(no_leaks):
     assert sys.getrefcount(a) == refs
 
 
-def test_sources_kept_until_copy_done_then_released(no_leaks):
+def test_pageable_source_released_at_once(no_leaks):
+    # A pageable host source is copied before publish returns: nothing to keep.
     a = np.arange(4096, dtype=np.uint8)
     refs = sys.getrefcount(a)
     with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
         d = pool.publish(a)
-        # The capsule's reference stays with the pool until its copy is known done.
-        assert pool._pool.pending() == 1
-        assert sys.getrefcount(a) == refs + 1
-        consumer.consume(d)
-        pool.drain(5000)
         assert pool._pool.pending() == 0
         assert sys.getrefcount(a) == refs
-        pool.publish(a)
-    gc.collect()  # close() gave the last one back
+        consumer.consume(d)
+        pool.drain(5000)
+    gc.collect()
     assert sys.getrefcount(a) == refs
 
 
-def test_buffer_lives_while_arrays_use_it(no_leaks):
+def test_sources_kept_until_copy_done_then_released(no_leaks):
+    # A device source on a stream held back by a wait: the pool keeps it
+    # until the publish's ready word shows the copy landed, and no longer.
     with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        dev = consumer.consume(pool.publish(np.arange(4096, dtype=np.uint8)))
+        dev.synchronize()  # its own copy done: exporting it waits for nothing
+        refs = sys.getrefcount(dev)
+        with emu_counters.StalledStream(0) as s:
+            d = pool.publish(dev, stream=s.handle)
+            assert pool._pool.pending() == 1
+            assert sys.getrefcount(dev) > refs
+            pool.reclaim()  # checked again: still copying
+            assert pool._pool.pending() == 1 and sys.getrefcount(dev) > refs
+            s.release()
+            consumer.consume(d, stream=s.handle).synchronize()
+            pool.drain(5000)
+            assert pool._pool.pending() == 0
+            assert sys.getrefcount(dev) == refs
+            pool.publish(dev, stream=s.handle)  # kept again; close gives it back
+        del dev
+    gc.collect()
+
+
+def test_close_waits_for_kept_sources(no_leaks):
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        dev = consumer.consume(pool.publish(np.arange(64, dtype=np.uint8)))
+        dev.synchronize()
+        refs = sys.getrefcount(dev)
+        with emu_counters.StalledStream(0) as s:
+            pool.publish(dev, stream=s.handle)
+            assert pool._pool.pending() == 1
+            threading.Timer(0.2, s.release).start()
+            pool.close()  # waits (without the GIL) for the ready word
+            assert sys.getrefcount(dev) == refs
+
+
+def test_device_source_given_back_once_landed(no_leaks):
+    # A device source (a consumed buffer, relayed): kept only while its copy
+    # may run, proven by the publish's ready word; given back by drain at the latest.
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        dev = consumer.consume(pool.publish(np.arange(4096, dtype=np.uint8)))
+        refs = sys.getrefcount(dev)
+        for _ in range(20):
+            d = pool.publish(dev)
+            assert pool._pool.pending() <= 1
+            assert np.array_equal(np.from_dlpack(consumer.consume(d)), np.arange(4096) % 256)
+        pool.drain(5000)
+        assert pool._pool.pending() == 0
+        assert sys.getrefcount(dev) == refs
+        del dev
+    gc.collect()
+
+
+def test_buffer_lives_while_arrays_use_it(no_leaks):
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer(cache_bytes=0) as consumer:
         buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)))
         blocks = emu_counters.live()["blocks"]
         x = np.from_dlpack(buf)
@@ -96,8 +146,30 @@ def test_buffer_lives_while_arrays_use_it(no_leaks):
         assert emu_counters.live()["blocks"] == blocks - 1
 
 
+def test_consume_reuses_freed_buffers(no_leaks):
+    # Same-size consumes on one stream: one cuMemAlloc, then the cache.
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer(cache_bytes=1 << 20) as consumer:
+        allocs = emu_counters.calls("cuMemAlloc")
+        for i in range(50):
+            x = np.from_dlpack(consumer.consume(pool.publish(np.full(256, i, np.int32))))
+            assert (x == i).all()
+            del x
+        assert emu_counters.calls("cuMemAlloc") - allocs == 1
+        hits, misses, blocks, held = consumer.cache_info()
+        assert (hits, misses, blocks, held) == (49, 1, 1, 1024)
+        # Another size misses; one too big for the cache is freed at once.
+        consumer.consume(pool.publish(np.zeros(10, np.int8)))
+        assert consumer.cache_info()[2:] == (2, 1034)
+        live = emu_counters.live()["blocks"]
+        consumer.consume(pool.publish(np.zeros(200000, np.int64)))
+        assert emu_counters.live()["blocks"] == live
+        # A buffer alive at close frees to the driver later (no_leaks checks).
+        keep = consumer.consume(pool.publish(np.zeros(256, np.int32)))
+    del keep
+
+
 def test_unconsumed_capsules_and_deleter_on_other_thread(no_leaks):
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer(cache_bytes=0) as consumer:
         buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)))
         blocks = emu_counters.live()["blocks"]
         for _ in range(100):

@@ -94,7 +94,7 @@ def test_cancel_reclaim_drain_stats(pool, consumer):
                 "allocation_size", "table_bytes", "data_bytes", "slots", "in_flight",
                 "in_flight_bytes", "published", "recycled", "cancelled", "full", "reclaims",
                 "broker_served", "broker_refused"}
-    assert set(s) == expected
+    assert expected <= set(s)  # all of vmmt_pool_stats: test_pool_options.py checks the rest
     d = pool.publish(a)
     consumer.consume(d)
     assert pool.reclaim() in (0, 1)

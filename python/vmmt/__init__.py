@@ -15,7 +15,7 @@ import sys
 from . import _vmmt
 from ._vmmt import Error, PoolFull, Timeout
 
-__all__ = ["Pool", "Consumer", "Descriptor", "Error", "PoolFull", "Timeout", "probe",
+__all__ = ["Pool", "Consumer", "Descriptor", "Reservation", "Error", "PoolFull", "Timeout", "probe",
            "select_driver", "driver_name", "device_count", "ALL_RANKS"]
 __version__ = _vmmt.LIBRARY_VERSION
 
@@ -106,15 +106,68 @@ def _library_of(array):
     return type(array).__module__.split(".")[0] if array is not None else None
 
 
+class _Torch:
+    """PyTorch's names on the hot path, looked up once (attribute chains such
+    as torch.cuda.current_stream cost microseconds per call)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.Tensor = torch.Tensor
+        self.strided = torch.strided
+        self.has_nbytes = hasattr(torch.Tensor, "nbytes")
+        self.dl = {}  # torch.dtype -> DLPack (code, bits)
+        for name, dl in (("float32", (2, 32)), ("float64", (2, 64)), ("float16", (2, 16)),
+                         ("bfloat16", (4, 16)), ("int8", (0, 8)), ("int16", (0, 16)),
+                         ("int32", (0, 32)), ("int64", (0, 64)), ("uint8", (1, 8)),
+                         ("bool", (6, 8)), ("complex64", (5, 64)), ("complex128", (5, 128))):
+            if hasattr(torch, name):
+                self.dl[getattr(torch, name)] = dl
+        # The current stream as an int without building a torch.cuda.Stream
+        # (PyTorch 1.13 and newer); else through the public API.
+        raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+        self.raw_stream = raw if raw is not None else (
+            lambda device: torch.cuda.current_stream(device).cuda_stream)
+        self._available = None
+
+    def available(self):
+        if self._available is None:
+            self._available = bool(self.torch.cuda.is_available())
+        return self._available
+
+    def stream(self, device):
+        """The current stream on `device` (CUDA initialised on first use, as PyTorch does)."""
+        if not self.torch.cuda.is_initialized():
+            return self.torch.cuda.current_stream(device).cuda_stream
+        return self.raw_stream(device)
+
+
+_TORCH = None  # a _Torch once torch is imported; False on the emulated driver
+
+
+def _torch():
+    """The _Torch for an imported PyTorch, None when it is not (yet) imported or unused."""
+    global _TORCH
+    if _TORCH is not None:
+        return _TORCH or None
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None  # asked again: it may be imported later
+    if _on_emu():
+        _TORCH = False  # the libraries' streams and memory belong to the real driver
+        return None
+    _TORCH = _Torch(torch)
+    return _TORCH
+
+
 def _current_stream(device, array=None):
     """The current stream of the array's library (PyTorch, CuPy) on `device`, else 0."""
     if _on_emu():
         return 0  # the libraries' streams belong to the real driver
     lib = _library_of(array)
-    torch = sys.modules.get("torch")
-    if torch is not None and lib in ("torch", None) and torch.cuda.is_available() and \
-            (lib == "torch" or torch.cuda.is_initialized()):
-        return torch.cuda.current_stream(device).cuda_stream
+    t = _torch()
+    if t is not None and lib in ("torch", None) and t.available() and \
+            (lib == "torch" or t.torch.cuda.is_initialized()):
+        return t.stream(device)
     cupy = sys.modules.get("cupy")
     if cupy is not None and lib in ("cupy", None):
         with cupy.cuda.Device(device):
@@ -162,32 +215,22 @@ def _capsule(array, stream):
 _PRE_DLPACK_1 = set()
 
 
-_TORCH_DL = {}  # torch.dtype -> DLPack (code, bits)
-
-
 def _torch_items(arrays, device):
     """publish_raw items for contiguous PyTorch tensors on `device` or the CPU,
     or None when any array is something else (then DLPack is the path)."""
-    torch = sys.modules.get("torch")
-    if torch is None or _on_emu():
+    t = _torch()
+    if t is None:
         return None
-    if not _TORCH_DL:
-        for name, dl in (("float32", (2, 32)), ("float64", (2, 64)), ("float16", (2, 16)),
-                         ("bfloat16", (4, 16)), ("int8", (0, 8)), ("int16", (0, 16)),
-                         ("int32", (0, 32)), ("int64", (0, 64)), ("uint8", (1, 8)),
-                         ("bool", (6, 8)), ("complex64", (5, 64)), ("complex128", (5, 128))):
-            if hasattr(torch, name):
-                _TORCH_DL[getattr(torch, name)] = dl
     items = []
     for a in arrays:
-        if type(a) is not torch.Tensor or a.layout != torch.strided or a.is_conj() or \
+        if type(a) is not t.Tensor or a.layout is not t.strided or a.is_conj() or \
                 a.is_neg() or not a.is_contiguous():
             return None
-        dl = _TORCH_DL.get(a.dtype)
+        dl = t.dl.get(a.dtype)
         if dl is None:
             return None
         if a.is_cuda:
-            if a.device.index != device:
+            if a.get_device() != device:
                 return None  # its stream is another device's: let DLPack order it
             location = 0
         elif a.device.type == "cpu":
@@ -195,7 +238,7 @@ def _torch_items(arrays, device):
         else:
             return None
         items.append((a, a.data_ptr(), a.numel() * a.element_size(), dl[0], dl[1], 1,
-                      tuple(a.shape), location))
+                      a.shape, location))
     return items
 
 
@@ -210,8 +253,9 @@ class Descriptor(bytes):
     __slots__ = ()
 
     def __new__(cls, data):
-        data = bytes(data)
-        _vmmt.desc_inspect(data)  # ValueError naming the field that is wrong
+        if type(data) is not bytes:
+            data = bytes(data)
+        _vmmt.desc_check(data)  # ValueError naming the field that is wrong
         return super().__new__(cls, data)
 
     @classmethod
@@ -263,7 +307,9 @@ class Descriptor(bytes):
 
 
 def _desc_bytes(desc):
-    if isinstance(desc, (bytes, bytearray, memoryview)):
+    if isinstance(desc, bytes):
+        return desc  # a Descriptor is bytes already: no copy
+    if isinstance(desc, (bytearray, memoryview)):
         return bytes(desc)
     raise TypeError("expected a Descriptor (or its 512 bytes), got %r" % type(desc).__name__)
 
@@ -283,14 +329,41 @@ class Pool:
     def __init__(self, device=0, memory_size=None, consumer_count=1, *, max_slices=4096,
                  handle_type="auto", allow_posix_fallback=True, round_up=False,
                  broker_path=None, timeout_ms=5000, recycle_interval_us=1000, handoff="auto",
-                 device_control_table=False):
+                 device_control_table=False, memory_location="device", host_numa_node=-1,
+                 elastic=False, chunk_size=0, min_resident=0, idle_release_ms=1500):
+        """Create and export a pool (vmmt_pool_create).
+
+        memory_location: "device" (default) or "host": a host pool is pinned
+        host memory shared with the consumers; its producer writes it with
+        the CPU and needs no CUDA context (a process that never touches the
+        GPU can publish NumPy arrays); `device` is then the GPU whose NUMA
+        node holds it. host_numa_node: host pools only, -1 (default) for
+        the device's node. elastic=True: memory_size is the most the pool
+        may hold; chunks of chunk_size bytes (0: four granularity units) are
+        made while slices in them are in flight and given back after
+        idle_release_ms idle; min_resident bytes stay resident from the start.
+        """
         if memory_size is None:
             raise ValueError("memory_size is required: the pool's bytes of device memory "
                              "(a multiple of the VMM granularity, 2 MiB on H200)")
+        if memory_location not in ("device", "host"):
+            raise ValueError("memory_location=%r; use 'device' or 'host'" % (memory_location,))
+        for name, value, low in (("host_numa_node", host_numa_node, -1),
+                                 ("chunk_size", chunk_size, 0),
+                                 ("min_resident", min_resident, 0),
+                                 ("idle_release_ms", idle_release_ms, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError("%s=%r; give an int of at least %d" % (name, value, low))
+        if memory_location == "host" and elastic:
+            raise ValueError("elastic=True with memory_location='host': elastic pools are "
+                             "device pools; drop one of the two")
         self.device = device
+        self.memory_location = memory_location
         self._pool = _vmmt.Pool(device, memory_size, consumer_count, max_slices, handle_type,
                                 allow_posix_fallback, round_up, broker_path, timeout_ms,
-                                recycle_interval_us, handoff, device_control_table)
+                                recycle_interval_us, handoff, device_control_table,
+                                memory_location, host_numa_node, bool(elastic), chunk_size,
+                                min_resident, idle_release_ms)
 
     def _publish(self, arrays, stream, none_when_full):
         arrays = [_contiguous(a) for a in arrays]
@@ -299,15 +372,22 @@ class Pool:
         # costs several microseconds, and on its current stream orders nothing.
         items = _torch_items(arrays, self.device) if stream is None else None
         if items is not None:
-            raw = self._pool.publish_raw(items, s, none_when_full)
-        else:
-            raw = self._pool.publish([_capsule(a, s) for a in arrays], s, none_when_full)
-        if raw is None:
-            return None
-        return [Descriptor._trusted(b) for b in raw]
+            return self._pool.publish_raw(items, s, none_when_full)
+        return self._pool.publish([_capsule(a, s) for a in arrays], s, none_when_full)
 
     def publish(self, array, stream=None):
         """Publish one array; raises PoolFull when there is no room now."""
+        t = _TORCH or _torch()
+        # The hot path: a contiguous CUDA tensor of this device on PyTorch's
+        # current stream, checked and described with the fewest calls.
+        if t and stream is None and type(array) is t.Tensor and array.is_cuda and \
+                array.is_contiguous() and array.layout is t.strided and not array.is_conj() and \
+                not array.is_neg() and t.has_nbytes and array.get_device() == self.device:
+            dl = t.dl.get(array.dtype)
+            if dl is not None:
+                return self._pool.publish_tensor(array, array.data_ptr(), array.nbytes, dl[0],
+                                                 dl[1], array.shape, 0,
+                                                 t.raw_stream(self.device))
         return self._publish([array], stream, False)[0]
 
     def publish_many(self, arrays, stream=None):
@@ -315,8 +395,63 @@ class Pool:
         return self._publish(list(arrays), stream, True)
 
     def cancel(self, desc):
-        """Take back a descriptor never handed to a consumer (idempotent)."""
+        """Take back a descriptor never handed to a consumer (idempotent), or a
+        Reservation never committed (once nothing writes into it any more)."""
+        if isinstance(desc, Reservation):
+            desc._finish()
+            self._pool.cancel(desc._token)
+            return
         self._pool.cancel(_desc_bytes(desc))
+
+    def reserve(self, nbytes):
+        """A free slice of `nbytes` to write in place (vmmt_reserve): no copy.
+
+        Returns a Reservation: a DLPack exporter of flat uint8 (CUDA for a
+        device pool, CPU for a host pool), and for host memory
+        ``memoryview()``. Fill it, then ``commit`` it (or ``cancel`` it).
+        Raises PoolFull when there is no room now.
+        """
+        ptr, n, location, token = self._pool.reserve(nbytes)
+        return Reservation(self, ptr, n, location, token)
+
+    def commit(self, reservation, dtype=None, shape=None, *, like=None, stream=None):
+        """Publish a filled reservation (vmmt_commit) -> Descriptor.
+
+        dtype (a name such as "float32", or a NumPy/PyTorch dtype) and shape
+        describe its first bytes; or ``like=array`` takes both from an array;
+        neither: all reserved bytes, untyped. stream: what wrote the slice
+        (default: the current stream for a device pool; for a host pool the
+        CPU wrote it, and a stream given is synchronized first).
+        """
+        if not isinstance(reservation, Reservation) or reservation._pool is not self:
+            raise TypeError("commit takes a Reservation of this pool")
+        if like is not None:
+            if dtype is not None or shape is not None:
+                raise ValueError("give like= or dtype/shape, not both")
+            dtype, shape = like.dtype, tuple(like.shape)
+        if dtype is None:
+            if shape is not None:
+                raise ValueError("shape without dtype: give both, or neither for untyped bytes")
+            code, bits, nbytes, shape = 0, 0, reservation.nbytes, ()
+        else:
+            code, bits = _dl_dtype(dtype)
+            shape = (reservation.nbytes * 8 // bits,) if shape is None else tuple(shape)
+            count = 1
+            for dim in shape:
+                count *= dim
+            nbytes = (count * bits + 7) // 8
+        if stream is not None:
+            s = _stream_value(stream)
+        elif self.memory_location == "host":
+            s = None  # the CPU wrote it
+        else:
+            s = _current_stream(self.device)
+        if reservation._done:
+            raise ValueError("this reservation was already committed or cancelled")
+        desc = self._pool.commit(reservation.ptr, reservation.nbytes, reservation._location,
+                                 reservation._token, nbytes, code, bits, 1, shape, s)
+        reservation._done = True
+        return desc
 
     def reclaim(self):
         """Recycle every acknowledged slice now; returns how many were freed."""
@@ -346,6 +481,67 @@ class Pool:
         return False
 
 
+_DL_BY_NAME = {name: dl for dl, name in _DTYPE_NAMES.items()}
+
+
+def _dl_dtype(dtype):
+    """DLPack (code, bits) of a dtype name, a NumPy dtype or a PyTorch dtype."""
+    name = str(dtype)
+    name = name[len("torch."):] if name.startswith("torch.") else name
+    dl = _DL_BY_NAME.get(name)
+    if dl is None:
+        raise ValueError("dtype %r is not one vmmt carries; use one of %s"
+                         % (dtype, ", ".join(sorted(_DL_BY_NAME))))
+    return dl
+
+
+class Reservation:
+    """A slice reserved for writing in place (Pool.reserve); commit or cancel it once.
+
+    ``ptr`` and ``nbytes`` name the slice; ``location`` is "device" or
+    "host". ``from_dlpack(reservation)`` (torch, cupy, numpy) gives a flat
+    uint8 view of it; ``memoryview()`` a writable view of a host slice.
+    Views are valid until commit, cancel or the pool's close.
+    """
+
+    __slots__ = ("_pool", "ptr", "nbytes", "_location", "_token", "_view", "_done")
+
+    def __init__(self, pool, ptr, nbytes, location, token):
+        self._pool, self.ptr, self.nbytes = pool, ptr, nbytes
+        self._location, self._token, self._done = location, token, False
+        host = location == 1 or _on_emu()
+        self._view = _vmmt._slice_view(pool._pool, pool.device, ptr, nbytes, host)
+
+    @property
+    def location(self):
+        return "host" if self._location == 1 else "device"
+
+    def _finish(self):
+        if self._done:
+            raise ValueError("this reservation was already committed or cancelled")
+        self._done = True
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        return self._view.__dlpack__(stream, max_version=max_version, dl_device=dl_device,
+                                     copy=copy)
+
+    def __dlpack_device__(self):
+        return self._view.__dlpack_device__()
+
+    def memoryview(self):
+        """A writable memoryview of a host slice (host pools; the emulator's memory too)."""
+        if self._location != 1 and not _on_emu():
+            raise ValueError("a device pool's slice is device memory: use from_dlpack with a "
+                             "CUDA library, or write it with a kernel")
+        if self._done:
+            raise ValueError("this reservation was already committed or cancelled")
+        return _vmmt.host_memoryview(self.ptr, self.nbytes)
+
+    def __repr__(self):
+        return "Reservation(ptr=0x%x, nbytes=%d, location=%s)" % (self.ptr, self.nbytes,
+                                                                   self.location)
+
+
 # ---------------------------------------------------------------- consumer
 
 def _ranks(ranks):
@@ -362,10 +558,9 @@ def _ranks(ranks):
 
 
 def _default_device():
-    torch = sys.modules.get("torch")
-    if torch is not None and not _on_emu() and torch.cuda.is_available() and \
-            torch.cuda.is_initialized():
-        return torch.cuda.current_device()
+    t = _torch()
+    if t is not None and t.available() and t.torch.cuda.is_initialized():
+        return t.torch.cuda.current_device()
     cupy = sys.modules.get("cupy")
     if cupy is not None and not _on_emu():
         return cupy.cuda.Device().id
@@ -373,10 +568,23 @@ def _default_device():
 
 
 class Consumer:
-    """A per-process cache of imported pools; thread-safe."""
+    """A per-process cache of imported pools; thread-safe.
 
-    def __init__(self, *, timeout_ms=5000, max_pools=16):
-        self._c = _vmmt.Consumer(timeout_ms, max_pools)
+    cache_bytes: consume() without ``out`` keeps up to this many bytes of
+    freed buffers (default 64 MiB; 0: none) and reuses one of the same size
+    for a later consume on the same device and stream, so a steady stream of
+    consumes calls neither cuMemAlloc nor the synchronizing cuMemFree. Work on
+    *other* streams that reads a consumed array must be ordered before the
+    array is dropped (as for PyTorch's own caching allocator). close() frees
+    the cache.
+    """
+
+    def __init__(self, *, timeout_ms=5000, max_pools=16, cache_bytes=64 << 20):
+        self._c = _vmmt.Consumer(timeout_ms, max_pools, cache_bytes)
+
+    def cache_info(self):
+        """(hits, misses, blocks held, bytes held) of the buffer cache."""
+        return self._c.cache_info()
 
     def consume(self, desc, device=None, out=None, stream=None, ranks=None):
         """Copy the buffer a descriptor names and acknowledge it for `ranks`.
@@ -397,13 +605,13 @@ class Consumer:
         return self._consume_into(raw, device, out, stream, first, count)
 
     def _consume_into(self, raw, device, out, stream, first, count):
-        torch = sys.modules.get("torch")
-        if torch is not None and stream is None and type(out) is torch.Tensor and out.is_cuda \
-                and out.is_contiguous() and not _on_emu() and device in (None, out.device.index):
+        t = _TORCH or _torch()
+        if t and stream is None and type(out) is t.Tensor and out.is_cuda \
+                and out.is_contiguous() and device in (None, out.get_device()):
             # The current stream is the tensor's own: nothing to order, no DLPack needed.
-            device = out.device.index
+            device = out.get_device()
             self._c.consume_into(raw, device, out.data_ptr(), out.numel() * out.element_size(),
-                                 torch.cuda.current_stream(device).cuda_stream, first, count)
+                                 t.raw_stream(device), first, count)
             return out
         kind, dev_id = out.__dlpack_device__()
         if device is None:
@@ -457,3 +665,4 @@ class Consumer:
 
 
 Buffer = _vmmt.Buffer
+_vmmt._set_descriptor_type(Descriptor)

@@ -1,4 +1,4 @@
-from typing import Any, Iterable, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Iterable, Literal, Optional, Protocol, Sequence, Tuple, TypedDict, Union
 
 __version__: str
 ALL_RANKS: int
@@ -68,20 +68,68 @@ class Buffer:
     def __dlpack_device__(self) -> Tuple[int, int]: ...
     def synchronize(self) -> None: ...
 
+class PoolStats(TypedDict):
+    """Every field of vmmt_pool_stats (python/src/pool.c, stat_fields)."""
+    handle_type: str
+    handoff: str
+    fell_back_to_posix: bool
+    host_control_table: bool
+    allocation_size: int
+    table_bytes: int
+    data_bytes: int
+    slots: int
+    in_flight: int
+    in_flight_bytes: int
+    published: int
+    recycled: int
+    cancelled: int
+    full: int
+    reclaims: int
+    broker_served: int
+    broker_refused: int
+    memory_location: str
+    device_bytes: int
+    host_bytes: int
+    resident_bytes: int
+    peak_bytes: int
+    max_bytes: int
+    chunk_bytes: int
+    chunks_made: int
+    chunks_released: int
+
+class Reservation:
+    """A slice reserved for writing in place; commit or cancel it once."""
+    ptr: int
+    nbytes: int
+    @property
+    def location(self) -> Literal["device", "host"]: ...
+    def __dlpack__(self, stream: Optional[int] = ..., max_version: Optional[Tuple[int, int]] = ...,
+                   dl_device: Optional[Tuple[int, int]] = ..., copy: Optional[bool] = ...) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def memoryview(self) -> memoryview: ...
+
 class Pool:
     device: int
+    memory_location: Literal["device", "host"]
     def __init__(self, device: int = ..., memory_size: Optional[int] = ..., consumer_count: int = ...,
                  *, max_slices: int = ..., handle_type: str = ..., allow_posix_fallback: bool = ...,
                  round_up: bool = ..., broker_path: Optional[str] = ..., timeout_ms: int = ...,
                  recycle_interval_us: int = ..., handoff: str = ...,
-                 device_control_table: bool = ...) -> None: ...
+                 device_control_table: bool = ...,
+                 memory_location: Literal["device", "host"] = ..., host_numa_node: int = ...,
+                 elastic: bool = ..., chunk_size: int = ..., min_resident: int = ...,
+                 idle_release_ms: int = ...) -> None: ...
     def publish(self, array: _DLPackArray, stream: StreamLike = ...) -> Descriptor: ...
     def publish_many(self, arrays: Sequence[_DLPackArray],
                      stream: StreamLike = ...) -> Optional[list[Descriptor]]: ...
-    def cancel(self, desc: bytes) -> None: ...
+    def cancel(self, desc: Union[bytes, Reservation]) -> None: ...
+    def reserve(self, nbytes: int) -> Reservation: ...
+    def commit(self, reservation: Reservation, dtype: Any = ...,
+               shape: Optional[Sequence[int]] = ..., *, like: Any = ...,
+               stream: StreamLike = ...) -> Descriptor: ...
     def reclaim(self) -> int: ...
     def drain(self, timeout_ms: int = ...) -> None: ...
-    def stats(self) -> dict: ...
+    def stats(self) -> PoolStats: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
@@ -89,7 +137,9 @@ class Pool:
     def __exit__(self, *exc: Any) -> bool: ...
 
 class Consumer:
-    def __init__(self, *, timeout_ms: int = ..., max_pools: int = ...) -> None: ...
+    def __init__(self, *, timeout_ms: int = ..., max_pools: int = ...,
+                 cache_bytes: int = ...) -> None: ...
+    def cache_info(self) -> Tuple[int, int, int, int]: ...
     def consume(self, desc: bytes, device: Optional[int] = ..., out: Optional[Any] = ...,
                 stream: StreamLike = ..., ranks: Ranks = ...) -> Any: ...
     def ack(self, desc: bytes, device: Optional[int] = ..., stream: StreamLike = ...,

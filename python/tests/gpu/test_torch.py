@@ -177,6 +177,56 @@ def test_repeated_no_leak():
         pool.drain(10000)
 
 
+def test_reserve_commit_device_pool():
+    """Writing in place: a kernel fills the reserved slice on the current stream."""
+    need_gpu()
+    with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        for i in range(20):
+            a = make((64, 33), "bfloat16", seed=i)
+            r = pool.reserve(a.numel() * a.element_size())
+            view = torch.from_dlpack(r)
+            assert view.is_cuda and view.dtype == torch.uint8
+            view[: a.numel() * 2].view(torch.bfloat16).view(a.shape).copy_(a)
+            d = pool.commit(r, like=a)
+            assert d.dtype == "bfloat16" and d.shape == (64, 33)
+            x = torch.from_dlpack(consumer.consume(d))
+            torch.cuda.synchronize()
+            assert torch.equal(x, a)
+        pool.cancel(pool.reserve(4096))
+        pool.drain(10000)
+
+
+def test_host_pool_and_elastic_pool():
+    need_gpu()
+    for kw in ({"memory_location": "host"}, {"elastic": True, "idle_release_ms": 50}):
+        with vmmt.Pool(0, 64 << 20, 1, **kw) as pool, vmmt.Consumer() as consumer:
+            for source in ("cpu", "cuda"):
+                a = make((1000,), "float32", source, 3)
+                roundtrip(pool, consumer, a)
+            s = pool.stats()
+            if "memory_location" in kw:
+                assert s["memory_location"] == "host" and s["device_bytes"] == 0, s
+            else:
+                assert s["chunks_made"] >= 1, s
+            pool.drain(10000)
+
+
+def test_consume_cache_reuses_buffers():
+    """Same-size consumes on one stream reuse the freed buffer."""
+    need_gpu()
+    with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        a = make((1024,), "float32")
+        for i in range(100):
+            x = torch.from_dlpack(consumer.consume(pool.publish(a)))
+            if i % 10 == 0:
+                torch.cuda.synchronize()
+                assert torch.equal(x, a)
+            del x
+        hits, misses, blocks, _ = consumer.cache_info()
+        assert misses <= 2 and hits >= 98, consumer.cache_info()
+        pool.drain(10000)
+
+
 def test_multiprocessing_producer_and_two_consumers():
     need_gpu()
     import torch.multiprocessing as tmp

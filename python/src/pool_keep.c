@@ -1,0 +1,283 @@
+/*
+ * The sources a pool keeps alive while its publish copies may still read
+ * them. A stream-ordered publish returns before its copy has run, so the
+ * source tensors must outlive the copy: each publish's sources are kept and
+ * given back once the copy is proven done (checked at every publish,
+ * reclaim, drain and close), never earlier.
+ *
+ * The proof: where the control table is in host memory (POSIX_FD pools, the
+ * default), the publish's own ready word, which the stream writes after the
+ * copy; reading it is a plain load, where an event per publish costs a
+ * cuEventCreate/cuEventRecord on the hot path. Elsewhere (a device control
+ * table, FABRIC), an event recorded after the publish.
+ */
+#include <string.h>
+#include <time.h>
+
+#include "pool_keep.h"
+
+#include "ctrl.h"
+#include "desc.h"
+#include "driver.h"
+#include "pool_internal.h"
+#include "status.h"
+
+void vmmtpy_kept_init(struct vmmtpy_kept *l, vmmt_pool *pool, int device)
+{
+    memset(l, 0, sizeof *l);
+    l->pool = pool;
+    l->device = device;
+    l->tail = &l->head;
+    l->uses_events = !pool->host_table || pool->table_host == NULL;
+}
+
+struct keep *vmmtpy_keep_new(Py_ssize_t n)
+{
+    struct keep *k = PyMem_Calloc(1, sizeof *k + (size_t)n * sizeof k->src[0]);
+
+    if (k == NULL) PyErr_NoMemory();
+    return k;
+}
+
+static void keep_release(struct keep *k)
+{
+    for (size_t i = 0; i < k->n; i++)
+        vmmtpy_src_release(&k->src[i]);
+    Py_CLEAR(k->owners);
+}
+
+/* Take k out of the kept list; pp points at the link that holds it. GIL held. */
+static void unlink_keep(struct vmmtpy_kept *l, struct keep **pp, struct keep *k)
+{
+    *pp = k->next;
+    if (l->tail == &k->next) l->tail = pp;
+    l->count--;
+}
+
+/*
+ * Whether a publish proven by its ready word has landed: the word shows its
+ * generation, or a later occupant's (the slot is given a new generation only
+ * after the ready word showed this one). The table stays mapped while the
+ * pool is open, and no such entry is kept past close (publish_taken).
+ */
+static int landed(const struct vmmtpy_kept *l, const struct keep *k)
+{
+    const struct vmmt_pool *p = l->pool;
+    const uint32_t *word = &p->table_host[vmmt__ctrl_ready(0, p->stride, k->slot) / 4];
+
+    return vmmt__occupant_of(vmmt__ctrl_load(word), k->gen) != VMMT__OCC_COPYING;
+}
+
+/*
+ * Another thread's close may shut the pool down while a drain waits here
+ * without the GIL: the table is read only with the GIL held and before
+ * `shut`, so a proof cut short leaves the sources alive instead.
+ */
+static int shut_fail(const struct keep *k)
+{
+    return vmmt__fail(VMMT_ECLOSED,
+                      "the pool was shut down before a publish's copy (slot %u, generation %u) "
+                      "was proven done; its sources stay alive",
+                      k->slot, k->gen);
+}
+
+/* Wait for a ready word without the GIL, bounded by the pool's timeout_ms. */
+static int wait_landed(struct vmmtpy_kept *l, const struct keep *k)
+{
+    const struct timespec nap = {0, 50 * 1000};
+    long bound = (long)(l->pool->cfg.timeout_ms > 0 ? l->pool->cfg.timeout_ms : 5000) * 20;
+
+    for (long i = 0; l->shut ? 0 : !landed(l, k); i++) {
+        if (i >= bound)
+            return vmmt__fail(VMMT_ETIMEDOUT,
+                              "a publish's copy (slot %u, generation %u) did not land within "
+                              "timeout_ms=%d; its sources stay alive",
+                              k->slot, k->gen, l->pool->cfg.timeout_ms);
+        Py_BEGIN_ALLOW_THREADS;
+        nanosleep(&nap, NULL);
+        Py_END_ALLOW_THREADS;
+    }
+    return l->shut ? shut_fail(k) : VMMT_OK;
+}
+
+/* Whether k's copy is done: 1 yes, 0 not yet, -1 the check failed (error set). */
+static int keep_done(struct vmmtpy_kept *l, const struct vmmt_drv *d, const struct keep *k)
+{
+    CUresult r;
+
+    if (k->by_ready) return l->shut ? (shut_fail(k), -1) : landed(l, k);
+    if (k->done == NULL) return 1;
+    r = d->cuEventQuery(k->done);
+    if (r == CUDA_ERROR_NOT_READY) return 0;
+    if (r == CUDA_SUCCESS) return 1;
+    vmmt__cu_fail(r, "checking that a publish's copy finished");
+    return -1;
+}
+
+/* Running copies a retire without `wait` looks past before it stops. */
+#define RETIRE_SCAN_RUNNING 4
+
+/*
+ * Give back the sources whose copies are done; with `wait`, all of them,
+ * waiting for each copy without the GIL. An entry leaves the list before
+ * the GIL is released or any deleter runs (deleters run Python code, which
+ * may publish again), so no other thread or reentrant call ever sees it.
+ * A failed check says nothing about the copy: those sources stay alive
+ * forever. GIL held.
+ */
+int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
+{
+    const struct vmmt_drv *d = NULL;
+    struct keep **pp = &l->head, *k, *done = NULL;
+    int st = VMMT_OK, entered = 0, running = 0;
+
+    if (l->head == NULL) return VMMT_OK;
+    if (l->uses_events) {
+        d = vmmt__drv();
+        if (d == NULL || vmmt__ctx_enter(l->device) != VMMT_OK) return vmmt_last_status();
+        entered = 1;
+    }
+    while ((k = *pp) != NULL) {
+        int r = keep_done(l, d, k);
+        if (r == 0) {
+            /*
+             * Copies on one stream finish in order, so behind a few that are
+             * still running the rest are too: stop there, or a burst of
+             * publishes ahead of the GPU would scan its whole backlog each time.
+             */
+            if (++running == RETIRE_SCAN_RUNNING && !wait) break;
+            pp = &k->next;
+            continue;
+        }
+        if (r < 0) {
+            st = vmmt_last_status();
+            k->n = 0;
+            k->owners = NULL;
+        }
+        unlink_keep(l, pp, k);
+        k->next = done;
+        done = k;
+    }
+    while (wait && (k = l->head) != NULL) {
+        int r = VMMT_OK;
+        unlink_keep(l, &l->head, k);
+        if (k->by_ready) {
+            r = wait_landed(l, k);
+        } else if (k->done != NULL) {
+            CUresult cr;
+            Py_BEGIN_ALLOW_THREADS;
+            cr = d->cuEventSynchronize(k->done);
+            Py_END_ALLOW_THREADS;
+            if (cr != CUDA_SUCCESS) r = vmmt__cu_fail(cr, "waiting for a publish's copy to finish");
+        }
+        if (r != VMMT_OK) {
+            st = r;
+            k->n = 0;
+            k->owners = NULL;
+        }
+        k->next = done;
+        done = k;
+    }
+    for (k = done; entered && k != NULL; k = k->next) {
+        if (k->done == NULL) continue;
+        if (l->spare_count < (int)(sizeof l->spare / sizeof l->spare[0]))
+            l->spare[l->spare_count++] = k->done;
+        else
+            d->cuEventDestroy(k->done);
+    }
+    if (entered) vmmt__ctx_leave();
+    while ((k = done) != NULL) {
+        done = k->next;
+        keep_release(k);
+        PyMem_Free(k);
+    }
+    return st;
+}
+
+/* An event recorded on `stream` after the publish; NULL with an error set on failure. */
+static int record_done(struct vmmtpy_kept *l, void *stream, CUevent *out)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    CUevent ev = NULL;
+    int st;
+
+    if ((st = vmmt__ctx_enter(l->device)) != VMMT_OK) return st;
+    if (l->spare_count > 0)
+        ev = l->spare[--l->spare_count];
+    else
+        st = VMMT_CU(d, cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    if (st == VMMT_OK) {
+        st = VMMT_CU(d, cuEventRecord(ev, (CUstream)stream));
+        if (st != VMMT_OK) d->cuEventDestroy(ev);
+    }
+    vmmt__ctx_leave();
+    *out = st == VMMT_OK ? ev : NULL;
+    return st;
+}
+
+void vmmtpy_kept_release_events(struct vmmtpy_kept *l)
+{
+    if (l->spare_count == 0) return;
+    if (vmmt__drv() == NULL || vmmt__ctx_enter(l->device) != VMMT_OK) return;
+    while (l->spare_count > 0)
+        vmmt__drv()->cuEventDestroy(l->spare[--l->spare_count]);
+    vmmt__ctx_leave();
+}
+
+void vmmtpy_keep_free(struct keep *k)
+{
+    if (k == NULL) return;
+    keep_release(k);
+    PyMem_Free(k);
+}
+
+void vmmtpy_kept_shut(struct vmmtpy_kept *l)
+{
+    l->shut = 1;
+}
+
+static void sync_stream(struct vmmtpy_kept *l, void *stream, struct keep **k)
+{
+    /* Only a finished synchronize proves the copy done; else the sources stay alive. */
+    if (vmmt__ctx_enter(l->device) != VMMT_OK) {
+        *k = NULL;
+        return;
+    }
+    if (vmmt__drv()->cuStreamSynchronize((CUstream)stream) != CUDA_SUCCESS) *k = NULL;
+    vmmt__ctx_leave();
+}
+
+int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *first, void *stream)
+{
+    int rc = 0;
+
+    if (l->shut) {
+        /* Shut down meanwhile by another thread: no proof outlives the pool, so wait now. */
+        sync_stream(l, stream, &k);
+    } else if (!l->uses_events) {
+        struct vmmt__desc dd;
+        if (vmmt__desc_decode(first->bytes, &dd) != VMMT_OK) {
+            vmmtpy_raise(vmmt_last_status());
+            return -1; /* cannot be tracked: the sources stay alive */
+        }
+        k->by_ready = 1;
+        k->slot = dd.slot;
+        k->gen = dd.generation;
+        /* A synchronous hand-off, or a host pool's CPU copy, has landed already. */
+        if (!landed(l, k)) goto keep;
+    } else if (record_done(l, stream, &k->done) == VMMT_OK) {
+        goto keep;
+    } else {
+        /* Without an event the only safe point is after a synchronize. */
+        vmmtpy_raise(vmmt_last_status());
+        sync_stream(l, stream, &k);
+        rc = -1;
+    }
+    vmmtpy_keep_free(k);
+    return rc;
+keep:
+    *l->tail = k;
+    l->tail = &k->next;
+    l->count++;
+    return 0;
+}
