@@ -666,7 +666,10 @@ static void test_events(void **state)
         assert_int_equal(out[i], 0x77);
     assert_cu_ok(d->cuEventSynchronize(end));
     assert_cu_ok(d->cuEventElapsedTime(&ms, start, end));
-    assert_true(ms >= 15.0f && ms < 5000.0f);
+    /* Only the order is certain: the start event is stamped when the stream's
+     * worker thread reaches it, which on a loaded machine can be well after
+     * the record call (CI saw 3 ms for a 20 ms gate). */
+    assert_true(ms > 0.0f && ms < 5000.0f);
 
     assert_cu_ok(d->cuStreamDestroy(c));
     assert_cu_ok(d->cuStreamDestroy(b));
