@@ -187,8 +187,14 @@ def test_out_numpy(pool, consumer):
     np.testing.assert_array_equal(out, a)
     with pytest.raises(ValueError, match="not C-contiguous"):
         consumer.consume(pool.publish(a), out=np.zeros(20, np.int64)[::2])
+    d = pool.publish(a)
     with pytest.raises(ValueError, match="out holds"):
-        consumer.consume(pool.publish(a), out=np.zeros(2, np.int64))
+        consumer.consume(d, out=np.zeros(2, np.int64))
+    # Attack finding: a host `out` too small was refused only after the consume had
+    # copied and acknowledged the buffer, so the descriptor was lost for good.
+    out[:] = 0
+    assert consumer.consume(d, out=out) is out
+    np.testing.assert_array_equal(out, a)
 
 
 def test_consume_into_consumed_buffer(pool, consumer):

@@ -416,10 +416,13 @@ class Consumer:
         if kind in _DL_CUDA_TYPES:
             self._c.consume_into(raw, device, ptr, nbytes, s, first, count)
             return out
-        # Host memory: through device memory, then one copy to the host.
+        # Host memory: through device memory, then one copy to the host. The
+        # size is checked first: the consume acknowledges, so a refusal after
+        # it would lose the buffer for good.
+        need = _vmmt.desc_inspect(raw)[6]
+        if need > nbytes:
+            raise ValueError("out holds %d bytes; the buffer has %d" % (nbytes, need))
         buf = self._c.consume(raw, device, s, first, count)
-        if buf.nbytes > nbytes:
-            raise ValueError("out holds %d bytes; the buffer has %d" % (nbytes, buf.nbytes))
         _vmmt.mem_copy(device, ptr, buf.ptr, buf.nbytes, s)
         _vmmt.stream_synchronize(device, s)
         del cap
