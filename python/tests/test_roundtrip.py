@@ -244,6 +244,22 @@ def test_ranks_and_ack(no_leaks):
             c.ack(d, ranks=[0, 2])
 
 
+def test_negative_ranks_refused(no_leaks):
+    """Attack finding: ranks=-1 (or a range from -1) reached the C API as
+    rank_first=VMMT_ALL_RANKS and acknowledged every rank of the pool."""
+    with vmmt.Pool(0, 2 << 20, 3) as p, vmmt.Consumer() as c:
+        d = p.publish(np.arange(5, dtype=np.int32))
+        for bad in (-1, -2, range(-1, 1), [-1]):
+            with pytest.raises(ValueError, match="ranks"):
+                c.ack(d, ranks=bad)
+            with pytest.raises(ValueError, match="ranks"):
+                c.consume(d, ranks=bad)
+        p.reclaim()
+        assert p.stats()["in_flight"] == 1
+        c.ack(d)
+        p.drain(5000)
+
+
 def test_evict_and_pool_count(pool, consumer):
     d = pool.publish(np.zeros(4, np.uint8))
     consumer.consume(d)

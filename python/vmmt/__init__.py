@@ -352,12 +352,18 @@ def _ranks(ranks):
     """(rank_first, rank_count) from None (all), an int, or consecutive ints."""
     if ranks is None:
         return ALL_RANKS, 0
+    # A negative first rank would reach the C API as VMMT_ALL_RANKS (-1) and
+    # acknowledge every rank of the pool: refused here.
     if isinstance(ranks, int):
+        if ranks < 0:
+            raise ValueError("ranks=%d is negative; give a rank 0.. or None for all" % ranks)
         return ranks, 1
     ranks = list(ranks)
     if not ranks or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
         raise ValueError("ranks must be None, an int, or consecutive ints (a range); got %r"
                          % (ranks,))
+    if ranks[0] < 0:
+        raise ValueError("ranks %r start below 0; give ranks 0.. or None for all" % (ranks,))
     return ranks[0], len(ranks)
 
 
