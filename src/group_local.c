@@ -8,6 +8,7 @@
  * once instead of waiting: the property the group's failure tests rely on.
  */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -329,17 +330,19 @@ int vmmt_group_local_collective(const char *job, int rank, int world_size, int t
 int vmmt_group_create_local(const vmmt_group_config *config, const char *job, vmmt_group **out)
 {
     vmmt_group_config c;
+    int64_t bound;
     int st;
 
     if (out != NULL) *out = NULL;
     if (config == NULL || out == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_group_create_local: config and out must be set");
     c = *config;
-    /* A collective waits while peers exchange descriptors: give it that bound and more. */
-    st = vmmt_group_local_collective(
-        job, config->rank, config->world_size,
-        (config->timeout_ms > 0 ? config->timeout_ms : VMMT__GROUP_DEF_TIMEOUT) + 10000,
-        &c.collective);
+    /* A collective waits while peers exchange descriptors: give it that bound and more
+     * (in 64 bits, capped: a timeout near INT_MAX must not overflow). */
+    bound =
+        (int64_t)(config->timeout_ms > 0 ? config->timeout_ms : VMMT__GROUP_DEF_TIMEOUT) + 10000;
+    st = vmmt_group_local_collective(job, config->rank, config->world_size,
+                                     bound > INT_MAX ? INT_MAX : (int)bound, &c.collective);
     if (st != VMMT_OK) return st;
     return vmmt_group_create(&c, out);
 }

@@ -50,10 +50,43 @@ static void test_elastic_long_idle_release_does_not_wrap(void **state)
     assert_int_equal(stats(f->pool).chunks_released, 0);
 }
 
+/*
+ * vmmt_group_create_local added 10 s to timeout_ms in int arithmetic: a
+ * timeout near INT_MAX (a caller's "no bound") overflowed, undefined
+ * behaviour (the sanitizer build aborts; others wrapped it negative, i.e.
+ * the adapter's default of 60 s instead of the bound asked for).
+ */
+static void test_group_local_huge_timeout(void **state)
+{
+    vmmt_group_config c;
+    vmmt_group *g = NULL;
+    vmmt_group_buffer b;
+    uint64_t ptrs[2] = {0, 0}, ptr = 0;
+    size_t nb = 0, np = 0;
+
+    (void)state;
+    vmmt_group_config_init(&c);
+    c.rank = 0;
+    c.world_size = 1;
+    c.timeout_ms = INT_MAX;
+    assert_vmmt_ok(vmmt_group_create_local(&c, "attack-huge-timeout", &g));
+    assert_vmmt_ok(vmmt_group_alloc(g, 4 * MiB, 2, &ptr));
+    /* The same buffer twice, and one starting inside its allocation. */
+    b.ptr = ptr + 4096;
+    b.nbytes = 4096;
+    assert_vmmt_ok(vmmt_group_register(g, &b, 1, ptrs));
+    assert_int_equal(ptrs[0], ptr + 4096);
+    assert_vmmt_ok(vmmt_group_register(g, &b, 1, ptrs + 1));
+    assert_vmmt_ok(vmmt_group_get_counts(g, &nb, &np));
+    assert_int_equal(nb, 2);
+    vmmt_group_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_elastic_long_idle_release_does_not_wrap),
+        cmocka_unit_test(test_group_local_huge_timeout),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
