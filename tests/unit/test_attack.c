@@ -82,11 +82,50 @@ static void test_group_local_huge_timeout(void **state)
     vmmt_group_destroy(g);
 }
 
+/*
+ * A reservation's token is a vmmt_desc, and a careless producer may hand it
+ * out: vmmt_consume took it as a descriptor (VMMT_OK) and queued a copy of the
+ * whole reservation behind a wait for the commit, acknowledging the slot;
+ * the real descriptor was then refused as "already consumed". Had the
+ * reservation been cancelled instead, the consumer got unwritten bytes with
+ * VMMT_OK. A token must be refused by every reader and still work for
+ * vmmt_commit and vmmt_cancel.
+ */
+static void test_reservation_token_is_no_descriptor(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(8 * MiB, 1);
+    vmmt_reservation r;
+    vmmt_desc d;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_reserve(f->pool, 4096, &r));
+    assert_int_equal(
+        vmmt_consume(f->consumer, &r.token, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+        VMMT_EINVAL);
+    assert_error_contains("reservation");
+    assert_int_equal(vmmt_consumer_ack(f->consumer, &r.token, 0, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_EINVAL);
+    put(f, r.ptr, 4096, 7);
+    assert_vmmt_ok(vmmt_commit(f->pool, &r, NULL, f->stream, &d));
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, 4096, 7);
+    /* A cancelled one: the token still cancels, and is still refused by readers. */
+    assert_vmmt_ok(vmmt_reserve(f->pool, 4096, &r));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &r.token));
+    assert_int_equal(
+        vmmt_consume(f->consumer, &r.token, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+        VMMT_EINVAL);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).cancelled, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_elastic_long_idle_release_does_not_wrap),
         cmocka_unit_test(test_group_local_huge_timeout),
+        T(test_reservation_token_is_no_descriptor),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
