@@ -35,7 +35,8 @@
  * and one built against a newer vmmt.h is refused (VMMT_EINVAL) if it sets
  * a field this library does not know. Bindings that do not compile this
  * header (ctypes, other languages) call the `*_size` functions with the size
- * of the struct they lay out. Initialise configs with *_config_init; stats
+ * of the struct they lay out. A size above 65536 bytes is no struct's and is
+ * refused (VMMT_EINVAL). Initialise configs with *_config_init; stats
  * and info structs need no initialisation.
  */
 #ifndef VMMT_H

@@ -120,12 +120,46 @@ static void test_reservation_token_is_no_descriptor(void **state)
     assert_int_equal(stats(f->pool).cancelled, 1);
 }
 
+/*
+ * The *_size functions trusted the size they were given: a size no vmmt
+ * struct can have (a length mixed up with a count, say; SIZE_MAX here) made
+ * them memset or read that many bytes, a crash instead of VMMT_EINVAL.
+ */
+static void test_struct_size_absurd(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(8 * MiB, 1), init;
+    vmmt_pool_stats st;
+    vmmt_desc_info info;
+    vmmt_buffer b[2];
+    vmmt_desc d[2];
+    vmmt_pool *p = NULL;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_int_equal(vmmt_pool_get_stats_size(f->pool, &st, SIZE_MAX), VMMT_EINVAL);
+    assert_error_contains("bytes");
+    assert_int_equal(vmmt_pool_get_stats_size(f->pool, &st, (size_t)1 << 40), VMMT_EINVAL);
+    memset(b, 0, sizeof b);
+    b[0] = b[1] = bytes(f->src, 64);
+    assert_int_equal(vmmt_publish_packed_size(f->pool, b, 2, SIZE_MAX / 2, NULL, d), VMMT_EINVAL);
+    assert_int_equal(vmmt_pool_create_size(&c, SIZE_MAX, &p), VMMT_EINVAL);
+    assert_null(p);
+    vmmt_pool_config_init_size(&init, SIZE_MAX); /* writes nothing, says why */
+    assert_error_contains("bytes");
+    assert_vmmt_ok(vmmt_publish(f->pool, &b[0], f->stream, &d[0]));
+    assert_int_equal(vmmt_desc_inspect_size(&d[0], &info, SIZE_MAX), VMMT_EINVAL);
+    assert_vmmt_ok(
+        vmmt_consume(f->consumer, &d[0], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_elastic_long_idle_release_does_not_wrap),
         cmocka_unit_test(test_group_local_huge_timeout),
         T(test_reservation_token_is_no_descriptor),
+        T(test_struct_size_absurd),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
