@@ -153,6 +153,32 @@ static void test_struct_size_absurd(void **state)
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
+/*
+ * A source range that wraps the address space was taken: a device pool got
+ * VMMT_ECUDA from the driver after a slot was reserved, and a host pool's CPU
+ * copy (memcpy from the wrapped address) would fault. vmmt.h promises
+ * VMMT_EINVAL for a buffer no reader could take, before anything is reserved.
+ */
+static void test_wrapping_source_refused(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(8 * MiB, 1);
+    vmmt_buffer b = bytes(UINT64_MAX - 8, 64);
+    vmmt_desc d;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_int_equal(vmmt_publish(f->pool, &b, f->stream, &d), VMMT_EINVAL);
+    assert_error_contains("wraps");
+    b.location = VMMT_LOC_HOST;
+    assert_int_equal(vmmt_publish(f->pool, &b, f->stream, &d), VMMT_EINVAL);
+    vmmt_pool_destroy(f->pool);
+    f->pool = NULL;
+    c.memory_location = VMMT_MEMORY_HOST;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_int_equal(vmmt_publish(f->pool, &b, NULL, &d), VMMT_EINVAL);
+    assert_int_equal(stats(f->pool).published, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -160,6 +186,7 @@ int main(void)
         cmocka_unit_test(test_group_local_huge_timeout),
         T(test_reservation_token_is_no_descriptor),
         T(test_struct_size_absurd),
+        T(test_wrapping_source_refused),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
