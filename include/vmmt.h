@@ -15,7 +15,7 @@
  *
  * Arguments: every function checks its pointers and sentinel values: a NULL
  * where an object or an output is needed, a count with a NULL array, a NULL
- * or wrapping destination, is VMMT_EINVAL with a message (a function without
+ * or wrapping destination or source range, is VMMT_EINVAL with a message (a function without
  * a status to return ignores it, as documented at the function), never a
  * crash.
  *
