@@ -568,7 +568,8 @@ VMMT_API int vmmt_mem_free(int device, uint64_t ptr);
  * Copy nbytes from src to dst on `stream` (NULL: the default stream). Either
  * side may be device memory or host memory (pageable or pinned): unified
  * addressing tells them apart. Stream-ordered; synchronize `stream` before
- * reading the result from the host.
+ * reading the result from the host. Overlapping or wrapping ranges:
+ * VMMT_EINVAL.
  */
 VMMT_API int vmmt_mem_copy(int device, uint64_t dst, uint64_t src, uint64_t nbytes, void *stream);
 

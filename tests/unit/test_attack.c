@@ -179,6 +179,30 @@ static void test_wrapping_source_refused(void **state)
     assert_int_equal(stats(f->pool).published, 0);
 }
 
+/*
+ * vmmt_mem_copy passed overlapping ranges to cuMemcpyAsync, whose result is
+ * undefined for them (the emulator happened to succeed), and let the driver
+ * answer a wrapping range with VMMT_ECUDA instead of VMMT_EINVAL.
+ */
+static void test_mem_copy_overlap_and_wrap(void **state)
+{
+    uint64_t p = 0;
+
+    (void)state;
+    assert_vmmt_ok(vmmt_mem_alloc(0, 8192, &p));
+    assert_int_equal(vmmt_mem_copy(0, p + 16, p, 4000, NULL), VMMT_EINVAL);
+    assert_error_contains("overlap");
+    assert_int_equal(vmmt_mem_copy(0, p, p + 16, 4000, NULL), VMMT_EINVAL);
+    assert_int_equal(vmmt_mem_copy(0, p, p, 4096, NULL), VMMT_EINVAL);
+    assert_int_equal(vmmt_mem_copy(0, p, p + 8, UINT64_MAX - p, NULL), VMMT_EINVAL);
+    assert_int_equal(vmmt_mem_copy(0, UINT64_MAX - 8, p, 64, NULL), VMMT_EINVAL);
+    assert_error_contains("wraps");
+    /* Adjacent ranges do not overlap. */
+    assert_vmmt_ok(vmmt_mem_copy(0, p + 4096, p, 4096, NULL));
+    assert_vmmt_ok(vmmt_mem_copy(0, p, p + 4096, 4096, NULL));
+    assert_vmmt_ok(vmmt_mem_free(0, p));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -187,6 +211,7 @@ int main(void)
         T(test_reservation_token_is_no_descriptor),
         T(test_struct_size_absurd),
         T(test_wrapping_source_refused),
+        cmocka_unit_test(test_mem_copy_overlap_and_wrap),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
