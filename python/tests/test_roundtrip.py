@@ -138,6 +138,20 @@ def test_config_errors():
         vmmt.Consumer(timeout_ms=0)
 
 
+@pytest.mark.parametrize("kw", [dict(memory_size=-1), dict(memory_size=2 ** 64 + (2 << 20)),
+                                dict(max_slices=-1), dict(max_slices=2 ** 32 + 4),
+                                dict(recycle_interval_us=-5),
+                                dict(recycle_interval_us=2 ** 32 + 1000)])
+def test_config_numbers_out_of_range(no_leaks, kw):
+    """Attack finding: unchecked conversions wrapped these silently (max_slices=2**32+4
+    made a pool of 4 slots, recycle_interval_us=-5 a recycler period of 71 minutes,
+    memory_size=-1 a request for 16 EiB)."""
+    args = dict(device=0, memory_size=2 << 20, consumer_count=1)
+    args.update(kw)
+    with pytest.raises(OverflowError):
+        vmmt.Pool(**args)
+
+
 def test_bad_inputs(pool):
     with pytest.raises(TypeError, match="__dlpack__"):
         pool.publish([1, 2, 3])
