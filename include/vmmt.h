@@ -451,7 +451,9 @@ VMMT_API int vmmt_cancel(vmmt_pool *pool, const vmmt_desc *desc);
  * vmmt_publish. `ptr` is a device address for a device pool and a host
  * address (writable by this process's CPU) for a host pool. The slice is the
  * producer's until vmmt_commit hands it out or vmmt_cancel (with `token`)
- * gives it back; `token` is no descriptor for consumers.
+ * gives it back; `token` is no descriptor for consumers (they refuse it with
+ * VMMT_EINVAL), and once committed it cancels nothing: cancel the descriptor
+ * the commit gave instead.
  */
 typedef struct vmmt_reservation {
     uint64_t ptr;

@@ -429,7 +429,10 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
         } else {
             s->state = SLOT_RESERVED; /* still the caller's, to cancel again */
         }
-    } else if (s->generation == d.generation && s->state == SLOT_IN_FLIGHT) {
+    } else if (s->generation == d.generation && s->state == SLOT_IN_FLIGHT &&
+               !(d.flags & VMMT__DESC_TOKEN)) {
+        /* (A token names the reservation, which its commit ended: the published
+         * descriptor, perhaps out with consumers already, is not the token's to take.) */
         p->cancelled++;
         /* Stream-ordered: the copy may still be running; the recycler frees
          * the slice once the ready flag shows it finished. */

@@ -203,6 +203,34 @@ static void test_mem_copy_overlap_and_wrap(void **state)
     assert_vmmt_ok(vmmt_mem_free(0, p));
 }
 
+/*
+ * vmmt.h: "a reservation is committed or cancelled once". But vmmt_cancel
+ * with the token of a reservation already committed cancelled the published
+ * descriptor: its slice was recycled (ready word set, acknowledgements not
+ * waited for) while the descriptor was out with consumers. A token cancels a
+ * reservation only; the committed descriptor is what vmmt_cancel takes back.
+ */
+static void test_cancel_token_after_commit(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(8 * MiB, 1);
+    vmmt_reservation r;
+    vmmt_desc d;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_reserve(f->pool, 4096, &r));
+    put(f, r.ptr, 4096, 9);
+    assert_vmmt_ok(vmmt_commit(f->pool, &r, NULL, f->stream, &d));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &r.token)); /* idempotent: nothing to do */
+    assert_int_equal(stats(f->pool).cancelled, 0);
+    assert_vmmt_ok(vmmt_pool_reclaim(f->pool, NULL));
+    assert_int_equal(stats(f->pool).in_flight, 1);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, 4096, 9);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).recycled, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -211,6 +239,7 @@ int main(void)
         T(test_reservation_token_is_no_descriptor),
         T(test_struct_size_absurd),
         T(test_wrapping_source_refused),
+        T(test_cancel_token_after_commit),
         cmocka_unit_test(test_mem_copy_overlap_and_wrap),
     };
     tu_use_test_driver();
