@@ -735,7 +735,8 @@ VMMT_API int vmmt_group_create(const vmmt_group_config *config, vmmt_group **out
 
 /*
  * The local adapter: processes of one node started together, meeting at
- * an abstract AF_UNIX name derived from `job` (any string the ranks share).
+ * an abstract AF_UNIX name derived from `job` (any string the ranks share,
+ * at most 85 bytes: a longer one is VMMT_EINVAL rather than cut).
  * Rank 0 gathers and answers; every wait is bounded by timeout_ms (0: 60000),
  * and a rank that dies fails the others' current collective. The group owns
  * the adapter. config->collective is ignored.

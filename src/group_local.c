@@ -28,6 +28,8 @@
 #define CONNECT_RETRY   10          /* ms between attempts while rank 0 is not up yet */
 #define DEF_TIMEOUT_MS  60000
 #define MAX_BLOCK_BYTES (256ull << 20)
+/* sun_path less its leading NUL, "vmmt-local-", a 10-digit uid and "-". */
+#define LOCAL_JOB_MAX (int)(sizeof(((struct sockaddr_un *)0)->sun_path) - 1 - 11 - 10 - 1)
 
 struct local {
     int rank, world, timeout_ms;
@@ -309,6 +311,12 @@ int vmmt_group_local_collective(const char *job, int rank, int world_size, int t
     if (world_size < 1 || world_size > VMMT__GROUP_MAX_WORLD || rank < 0 || rank >= world_size)
         return vmmt__fail(VMMT_EINVAL, "vmmt_group_local_collective: rank=%d world_size=%d", rank,
                           world_size);
+    /* A name cut to fit would let two jobs sharing a long prefix meet at one socket. */
+    if (strlen(job) > LOCAL_JOB_MAX)
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_group_local_collective: job name of %zu bytes; at most %d fit in "
+                          "the socket name (use a shorter one, or a hash of it)",
+                          strlen(job), LOCAL_JOB_MAX);
     if ((L = calloc(1, sizeof *L)) == NULL)
         return vmmt__fail(VMMT_ENOMEM, "vmmt_group_local_collective: no memory");
     L->rank = rank;

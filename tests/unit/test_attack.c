@@ -231,11 +231,35 @@ static void test_cancel_token_after_commit(void **state)
     assert_int_equal(stats(f->pool).recycled, 1);
 }
 
+/*
+ * The local adapter's socket name is "vmmt-local-<uid>-<job>", cut silently
+ * at the 107 bytes an abstract name holds: two jobs whose long names share
+ * their first 80-odd bytes met at one name, and the second job's ranks
+ * joined the first (failing it: "two processes claim" a rank). A job name
+ * that does not fit is refused instead.
+ */
+static void test_group_local_long_job_refused(void **state)
+{
+    char job[200];
+    vmmt_group_collective coll;
+
+    (void)state;
+    memset(job, 'j', sizeof job - 1);
+    job[sizeof job - 1] = '\0';
+    assert_int_equal(vmmt_group_local_collective(job, 0, 2, 200, &coll), VMMT_EINVAL);
+    assert_error_contains("job");
+    assert_null(coll.allgather);
+    job[60] = '\0'; /* a name that fits still works (a single rank touches no socket) */
+    assert_vmmt_ok(vmmt_group_local_collective(job, 0, 1, 200, &coll));
+    coll.close(coll.ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_elastic_long_idle_release_does_not_wrap),
         cmocka_unit_test(test_group_local_huge_timeout),
+        cmocka_unit_test(test_group_local_long_job_refused),
         T(test_reservation_token_is_no_descriptor),
         T(test_struct_size_absurd),
         T(test_wrapping_source_refused),
