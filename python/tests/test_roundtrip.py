@@ -330,3 +330,15 @@ def test_probe_matches_cli():
         out = subprocess.run([tool, "probe", "--json", "--driver", "emu"], capture_output=True,
                              text=True, timeout=60)
         assert json.loads(out.stdout) == report
+
+
+def test_read_only_array_published(pool, consumer):
+    """Attack finding: a read-only NumPy array (np.frombuffer of bytes, say) could not
+    be published: NumPy before 2.1 refuses to export it through DLPack (BufferError),
+    although publishing only reads it."""
+    a = np.frombuffer(bytes(range(64)), dtype=np.uint8).reshape(8, 8)
+    assert not a.flags.writeable
+    np.testing.assert_array_equal(np.from_dlpack(consumer.consume(pool.publish(a))), a)
+    d = pool.publish_many([a, np.arange(3, dtype=np.int16)])
+    np.testing.assert_array_equal(np.from_dlpack(consumer.consume(d[0])), a)
+    consumer.ack(d[1])

@@ -156,7 +156,16 @@ def _capsule(array, stream):
             return array.__dlpack__(max_version=(1, 0), **kwargs)
         except TypeError:  # a library older than DLPack 1.0; remembered: raising costs
             _PRE_DLPACK_1.add(type(array))
-    return array.__dlpack__(**kwargs)
+    try:
+        return array.__dlpack__(**kwargs)
+    except BufferError:
+        # NumPy before 2.1 will not export a read-only array (it cannot say
+        # "read-only" in DLPack 0.x); publishing only reads it, so a copy does.
+        flags = getattr(array, "flags", None)
+        module = sys.modules.get(_library_of(array))
+        if flags is None or getattr(flags, "writeable", True) or not hasattr(module, "array"):
+            raise
+        return module.array(array, copy=True).__dlpack__(**kwargs)
 
 
 _PRE_DLPACK_1 = set()
