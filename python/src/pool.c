@@ -11,6 +11,8 @@
 
 #include "py_vmmt.h"
 
+#include "argconv.h"
+
 #include "driver.h"
 #include "status.h"
 
@@ -113,38 +115,6 @@ static int retire(PoolObject *self, int wait)
     return st;
 }
 
-/*
- * Unsigned arguments, checked: the "K" and "I" formats wrap a negative or too
- * large int silently (max_slices=2**32+4 became 4 slots, recycle_interval_us=-5
- * a period of 71 minutes); these raise OverflowError instead.
- */
-static int u64_arg(PyObject *o, void *out)
-{
-    unsigned long long v;
-
-    if (!PyLong_Check(o)) {
-        PyErr_SetString(PyExc_TypeError, "expected an int");
-        return 0;
-    }
-    v = PyLong_AsUnsignedLongLong(o);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
-    *(unsigned long long *)out = v;
-    return 1;
-}
-
-static int u32_arg(PyObject *o, void *out)
-{
-    unsigned long long v;
-
-    if (!u64_arg(o, &v)) return 0;
-    if (v > UINT32_MAX) {
-        PyErr_Format(PyExc_OverflowError, "%llu does not fit in 32 bits", v);
-        return 0;
-    }
-    *(unsigned int *)out = (unsigned int)v;
-    return 1;
-}
-
 static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {
@@ -169,10 +139,10 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
     fallback = c.allow_posix_fallback;
     round_up = c.round_up;
     dct = c.device_control_table;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iO&i|O&sppziO&sp", kwlist, &c.device, u64_arg,
-                                     &size, &c.consumer_count, u32_arg, &max_slices, &handle,
-                                     &fallback, &round_up, &broker, &c.timeout_ms, u32_arg,
-                                     &recycle, &handoff, &dct))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iO&i|O&sppziO&sp", kwlist, &c.device,
+                                     vmmtpy_u64_arg, &size, &c.consumer_count, vmmtpy_u32_arg,
+                                     &max_slices, &handle, &fallback, &round_up, &broker,
+                                     &c.timeout_ms, vmmtpy_u32_arg, &recycle, &handoff, &dct))
         return -1;
     if ((st = vmmt_handle_type_parse(handle, &ht)) != VMMT_OK) {
         vmmtpy_raise(st);
