@@ -15,7 +15,7 @@
  *
  * Arguments: every function checks its pointers and sentinel values: a NULL
  * where an object or an output is needed, a count with a NULL array, a NULL
- * or wrapping destination, is VMMT_EINVAL with a message (a function without
+ * or wrapping destination or source range, is VMMT_EINVAL with a message (a function without
  * a status to return ignores it, as documented at the function), never a
  * crash.
  *
@@ -35,7 +35,8 @@
  * and one built against a newer vmmt.h is refused (VMMT_EINVAL) if it sets
  * a field this library does not know. Bindings that do not compile this
  * header (ctypes, other languages) call the `*_size` functions with the size
- * of the struct they lay out. Initialise configs with *_config_init; stats
+ * of the struct they lay out. A size above 65536 bytes is no struct's and is
+ * refused (VMMT_EINVAL). Initialise configs with *_config_init; stats
  * and info structs need no initialisation.
  */
 #ifndef VMMT_H
@@ -450,7 +451,9 @@ VMMT_API int vmmt_cancel(vmmt_pool *pool, const vmmt_desc *desc);
  * vmmt_publish. `ptr` is a device address for a device pool and a host
  * address (writable by this process's CPU) for a host pool. The slice is the
  * producer's until vmmt_commit hands it out or vmmt_cancel (with `token`)
- * gives it back; `token` is no descriptor for consumers.
+ * gives it back; `token` is no descriptor for consumers (they refuse it with
+ * VMMT_EINVAL), and once committed it cancels nothing: cancel the descriptor
+ * the commit gave instead.
  */
 typedef struct vmmt_reservation {
     uint64_t ptr;
@@ -567,7 +570,8 @@ VMMT_API int vmmt_mem_free(int device, uint64_t ptr);
  * Copy nbytes from src to dst on `stream` (NULL: the default stream). Either
  * side may be device memory or host memory (pageable or pinned): unified
  * addressing tells them apart. Stream-ordered; synchronize `stream` before
- * reading the result from the host.
+ * reading the result from the host. Overlapping or wrapping ranges:
+ * VMMT_EINVAL.
  */
 VMMT_API int vmmt_mem_copy(int device, uint64_t dst, uint64_t src, uint64_t nbytes, void *stream);
 
@@ -731,7 +735,8 @@ VMMT_API int vmmt_group_create(const vmmt_group_config *config, vmmt_group **out
 
 /*
  * The local adapter: processes of one node started together, meeting at
- * an abstract AF_UNIX name derived from `job` (any string the ranks share).
+ * an abstract AF_UNIX name derived from `job` (any string the ranks share,
+ * at most 85 bytes: a longer one is VMMT_EINVAL rather than cut).
  * Rank 0 gathers and answers; every wait is bounded by timeout_ms (0: 60000),
  * and a rank that dies fails the others' current collective. The group owns
  * the adapter. config->collective is ignored.

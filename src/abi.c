@@ -13,6 +13,13 @@ int vmmt__struct_check(const void *p, size_t size, size_t min_size, const char *
                           "%s is %zu bytes, less than any vmmt version's (%zu); pass "
                           "sizeof of the struct as vmmt.h declares it",
                           what, size, min_size);
+    /* Structs grow by a field or two a version: a size this far beyond is no struct's
+     * (a length or count passed by mistake), and trusting it would write or read that much. */
+    if (size > VMMT__STRUCT_MAX)
+        return vmmt__fail(VMMT_EINVAL,
+                          "%s is %zu bytes, more than any vmmt struct can have (at most %d); pass "
+                          "sizeof of the struct as vmmt.h declares it",
+                          what, size, VMMT__STRUCT_MAX);
     return VMMT_OK;
 }
 

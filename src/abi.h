@@ -20,10 +20,13 @@
 
 #include <stddef.h>
 
+/* The largest size a caller may pass for any struct: every version of every one is smaller. */
+#define VMMT__STRUCT_MAX 65536
+
 /* Bytes up to the end of `field`: the smallest size a caller's struct may have. */
 #define VMMT__SIZE_V1(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 
-/* VMMT_EINVAL naming `what` for NULL or a size below min_size. */
+/* VMMT_EINVAL naming `what` for NULL, a size below min_size, or one above VMMT__STRUCT_MAX. */
 int vmmt__struct_check(const void *p, size_t size, size_t min_size, const char *what);
 
 /*

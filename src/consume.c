@@ -225,6 +225,10 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
     memset(rq, 0, sizeof *rq);
     rq->stream = stream;
     st = vmmt__desc_decode(desc->bytes, &rq->d);
+    if (st == VMMT_OK && (rq->d.flags & VMMT__DESC_TOKEN))
+        st = vmmt__fail(VMMT_EINVAL,
+                        "this is the token of a reservation (vmmt_reserve), not a descriptor: "
+                        "vmmt_commit it and hand out the descriptor that returns");
     if (st == VMMT_OK) st = resolve_ranks(&rq->d, first, count, rq);
     if (st != VMMT_OK) return st;
     if (copy && (dst == 0 || dst_size < rq->d.nbytes || dst > UINT64_MAX - rq->d.nbytes))

@@ -647,9 +647,10 @@ int vmmt__desc_check_pool(const struct vmmt__desc *d, const struct vmmt__desc *p
     }
     if (d->handle_type != pool->handle_type)
         return differs_u64("handle_type", d->handle_type, pool->handle_type);
-    /* PACKED is the only per-buffer flag; the others say how the pool is
+    /* PACKED and TOKEN are the only per-buffer flags; the others say how the pool is
      * read (a cleared STREAM_ORDERED would skip the wait for the ready word). */
-    if ((d->flags & ~VMMT__DESC_PACKED) != (pool->flags & ~VMMT__DESC_PACKED))
+    if ((d->flags & ~(VMMT__DESC_PACKED | VMMT__DESC_TOKEN)) !=
+        (pool->flags & ~(VMMT__DESC_PACKED | VMMT__DESC_TOKEN)))
         return vmmt__fail(VMMT_EPROTO,
                           "descriptor field flags=0x%" PRIx32
                           " differs from the imported pool's flags=0x%" PRIx32

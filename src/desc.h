@@ -22,8 +22,10 @@
 #define VMMT__DESC_PACKED         2u /* one buffer of a packed group sharing a slice */
 #define VMMT__DESC_HOST_TABLE                                                                      \
     4u /* the control table is a shared host memfd, not in the allocation */
+/* A reservation's token (vmmt_reserve): vmmt_commit and vmmt_cancel take it, readers refuse it. */
+#define VMMT__DESC_TOKEN 8u
 #define VMMT__DESC_KNOWN_FLAGS                                                                     \
-    (VMMT__DESC_STREAM_ORDERED | VMMT__DESC_PACKED | VMMT__DESC_HOST_TABLE)
+    (VMMT__DESC_STREAM_ORDERED | VMMT__DESC_PACKED | VMMT__DESC_HOST_TABLE | VMMT__DESC_TOKEN)
 
 /* broker.kind */
 #define VMMT__BROKER_ABSTRACT 0 /* Linux abstract socket name, without the leading NUL */

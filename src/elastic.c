@@ -77,7 +77,7 @@ int vmmt__elastic_allocate(struct vmmt_pool *p)
     el->count = (uint32_t)(max / chunk);
     el->keep = (uint32_t)((p->cfg.min_resident + chunk - 1) / chunk);
     if (el->keep > el->count) el->keep = el->count;
-    el->idle_us = p->cfg.idle_release_ms * 1000u;
+    el->idle_us = (uint64_t)p->cfg.idle_release_ms * 1000u;
     el->next_incarnation = 1;
     for (uint32_t k = 0; k < el->count; k++)
         el->c[k].fd = -1;

@@ -31,7 +31,7 @@ struct vmmt__elastic {
     uint64_t chunk;   /* bytes per chunk, a multiple of the granularity */
     uint32_t count;   /* chunks in the reserved range */
     uint32_t keep;    /* chunks 0..keep-1 stay resident for the pool's life */
-    uint32_t idle_us; /* a chunk idle this long goes back */
+    uint64_t idle_us; /* a chunk idle this long goes back (64 bits: ms x 1000 overflows 32) */
     uint32_t next_incarnation;
     uint32_t *words; /* incarnation words in the shared table */
     struct vmmt__chunk *c;

@@ -8,6 +8,7 @@
  * once instead of waiting: the property the group's failure tests rely on.
  */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -27,6 +28,8 @@
 #define CONNECT_RETRY   10          /* ms between attempts while rank 0 is not up yet */
 #define DEF_TIMEOUT_MS  60000
 #define MAX_BLOCK_BYTES (256ull << 20)
+/* sun_path less its leading NUL, "vmmt-local-", a 10-digit uid and "-". */
+#define LOCAL_JOB_MAX (int)(sizeof(((struct sockaddr_un *)0)->sun_path) - 1 - 11 - 10 - 1)
 
 struct local {
     int rank, world, timeout_ms;
@@ -308,6 +311,12 @@ int vmmt_group_local_collective(const char *job, int rank, int world_size, int t
     if (world_size < 1 || world_size > VMMT__GROUP_MAX_WORLD || rank < 0 || rank >= world_size)
         return vmmt__fail(VMMT_EINVAL, "vmmt_group_local_collective: rank=%d world_size=%d", rank,
                           world_size);
+    /* A name cut to fit would let two jobs sharing a long prefix meet at one socket. */
+    if (strlen(job) > LOCAL_JOB_MAX)
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_group_local_collective: job name of %zu bytes; at most %d fit in "
+                          "the socket name (use a shorter one, or a hash of it)",
+                          strlen(job), LOCAL_JOB_MAX);
     if ((L = calloc(1, sizeof *L)) == NULL)
         return vmmt__fail(VMMT_ENOMEM, "vmmt_group_local_collective: no memory");
     L->rank = rank;
@@ -329,17 +338,19 @@ int vmmt_group_local_collective(const char *job, int rank, int world_size, int t
 int vmmt_group_create_local(const vmmt_group_config *config, const char *job, vmmt_group **out)
 {
     vmmt_group_config c;
+    int64_t bound;
     int st;
 
     if (out != NULL) *out = NULL;
     if (config == NULL || out == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_group_create_local: config and out must be set");
     c = *config;
-    /* A collective waits while peers exchange descriptors: give it that bound and more. */
-    st = vmmt_group_local_collective(
-        job, config->rank, config->world_size,
-        (config->timeout_ms > 0 ? config->timeout_ms : VMMT__GROUP_DEF_TIMEOUT) + 10000,
-        &c.collective);
+    /* A collective waits while peers exchange descriptors: give it that bound and more
+     * (in 64 bits, capped: a timeout near INT_MAX must not overflow). */
+    bound =
+        (int64_t)(config->timeout_ms > 0 ? config->timeout_ms : VMMT__GROUP_DEF_TIMEOUT) + 10000;
+    st = vmmt_group_local_collective(job, config->rank, config->world_size,
+                                     bound > INT_MAX ? INT_MAX : (int)bound, &c.collective);
     if (st != VMMT_OK) return st;
     return vmmt_group_create(&c, out);
 }

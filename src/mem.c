@@ -61,6 +61,17 @@ int vmmt_mem_copy(int device, uint64_t dst, uint64_t src, uint64_t nbytes, void 
     if (dst == 0 || src == 0)
         return vmmt__fail(VMMT_EINVAL, "vmmt_mem_copy: %s pointer is NULL",
                           dst == 0 ? "destination" : "source");
+    if (dst > UINT64_MAX - nbytes || src > UINT64_MAX - nbytes)
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_mem_copy: %" PRIu64 " bytes at %#" PRIx64 " <- %#" PRIx64
+                          ": the %s range wraps the address space",
+                          nbytes, dst, src, dst > UINT64_MAX - nbytes ? "destination" : "source");
+    /* The driver's copies leave overlapping ranges undefined: refused, not left to chance. */
+    if (dst < src + nbytes && src < dst + nbytes)
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_mem_copy: %" PRIu64 " bytes at %#" PRIx64 " <- %#" PRIx64
+                          ": the ranges overlap; copy through a separate buffer",
+                          nbytes, dst, src);
     if (nbytes > SIZE_MAX)
         return vmmt__fail(VMMT_ETOOBIG, "vmmt_mem_copy: %" PRIu64 " bytes exceed size_t", nbytes);
     if ((st = vmmt__ctx_enter(device)) != VMMT_OK)

@@ -23,6 +23,12 @@ static int check_buffer(const vmmt_buffer *b, size_t i)
 {
     if (b->nbytes == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has nbytes=0", i);
     if (b->ptr == 0) return vmmt__fail(VMMT_EINVAL, "buffer %zu has a NULL device pointer", i);
+    /* Before anything is reserved: a host pool's CPU copy would fault on it. */
+    if (b->ptr > UINT64_MAX - b->nbytes)
+        return vmmt__fail(VMMT_EINVAL,
+                          "buffer %zu at 0x%" PRIx64 " with nbytes=%" PRIu64
+                          " wraps the address space",
+                          i, b->ptr, b->nbytes);
     if (b->location != VMMT_LOC_DEVICE && b->location != VMMT_LOC_HOST)
         return vmmt__fail(
             VMMT_EINVAL, "buffer %zu has location=%d; use VMMT_LOC_DEVICE (0) or VMMT_LOC_HOST (1)",
@@ -423,7 +429,10 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
         } else {
             s->state = SLOT_RESERVED; /* still the caller's, to cancel again */
         }
-    } else if (s->generation == d.generation && s->state == SLOT_IN_FLIGHT) {
+    } else if (s->generation == d.generation && s->state == SLOT_IN_FLIGHT &&
+               !(d.flags & VMMT__DESC_TOKEN)) {
+        /* (A token names the reservation, which its commit ended: the published
+         * descriptor, perhaps out with consumers already, is not the token's to take.) */
         p->cancelled++;
         /* Stream-ordered: the copy may still be running; the recycler frees
          * the slice once the ready flag shows it finished. */

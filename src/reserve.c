@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ctrl.h"
+#include "desc.h"
 #include "driver.h"
 #include "pool_internal.h"
 #include "status.h"
@@ -17,6 +18,7 @@
 int vmmt_reserve(vmmt_pool *p, uint64_t nbytes, vmmt_reservation *out)
 {
     vmmt_buffer whole;
+    struct vmmt__desc tok;
     uint64_t rel = 0;
     uint32_t slot = 0;
     int st;
@@ -32,6 +34,12 @@ int vmmt_reserve(vmmt_pool *p, uint64_t nbytes, vmmt_reservation *out)
         memset(&whole, 0, sizeof whole);
         whole.nbytes = nbytes;
         vmmt__publish_describe(p, &whole, 1, &rel, slot, &out->token);
+        /* Marked, so that a token handed to a consumer by mistake is refused there
+         * instead of being consumed ahead of (or instead of) the commit. */
+        if (vmmt__desc_decode(out->token.bytes, &tok) == VMMT_OK) {
+            tok.flags |= VMMT__DESC_TOKEN;
+            vmmt__desc_encode(&tok, out->token.bytes);
+        }
         pthread_mutex_lock(&p->lock);
         p->slot[slot].state = SLOT_RESERVED;
         pthread_mutex_unlock(&p->lock);

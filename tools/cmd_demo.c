@@ -53,10 +53,16 @@ static double now_s(void)
 static int parse_size(const char *s, uint64_t *out)
 {
     char *end;
-    unsigned long long v = strtoull(s, &end, 10);
+    unsigned long long v;
     uint64_t mul = 1;
 
-    if (end == s) return -1;
+    /* strtoull takes "-1" (as 2^64 - 1) and saturates past 2^64: both refused. */
+    while (*s == ' ' || *s == '\t')
+        s++;
+    if (*s < '0' || *s > '9') return -1;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (end == s || errno == ERANGE) return -1;
     if (*end == 'K' || *end == 'k')
         mul = 1024, end++;
     else if (*end == 'M' || *end == 'm')
@@ -66,6 +72,8 @@ static int parse_size(const char *s, uint64_t *out)
     if (*end == 'i' || *end == 'B') end++;
     if (*end == 'B') end++;
     if (*end != '\0' || v == 0) return -1;
+    /* The pool holds eight buffers: that product must not wrap either. */
+    if (v > UINT64_MAX / 8 / mul) return -1;
     *out = v * mul;
     return 0;
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "argconv.h"
 #include "py_vmmt.h"
 
 /*
@@ -66,10 +67,12 @@ int vmmtpy_pool_config(PyObject *args, PyObject *kw, vmmt_pool_config *c)
     chunk = c->chunk_size;
     min_resident = c->min_resident;
     idle = c->idle_release_ms;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iKi|IsppziIspsipKKI", kwlist, &c->device, &size,
-                                     &c->consumer_count, &max_slices, &handle, &fallback, &round_up,
-                                     &broker, &c->timeout_ms, &recycle, &handoff, &dct, &location,
-                                     &c->host_numa_node, &elastic, &chunk, &min_resident, &idle))
+    /* O& with checked converters (argconv.h): K and I wrap out-of-range ints silently. */
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "iO&i|O&sppziO&spsipO&O&O&", kwlist, &c->device, vmmtpy_u64_arg, &size,
+            &c->consumer_count, vmmtpy_u32_arg, &max_slices, &handle, &fallback, &round_up, &broker,
+            &c->timeout_ms, vmmtpy_u32_arg, &recycle, &handoff, &dct, &location, &c->host_numa_node,
+            &elastic, vmmtpy_u64_arg, &chunk, vmmtpy_u64_arg, &min_resident, vmmtpy_u32_arg, &idle))
         return -1;
     if (choice("memory_location", location, "device\0host\0", &loc) != 0) return -1;
     c->memory_location = loc == 0 ? VMMT_MEMORY_DEVICE : VMMT_MEMORY_HOST;

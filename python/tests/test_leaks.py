@@ -52,7 +52,8 @@ def test_failures_leak_nothing(no_leaks):
             with pytest.raises(ValueError):
                 pool.publish_many([a, np.zeros([1] * 9, np.uint8)])
             with pytest.raises(ValueError):
-                consumer.consume(d1, out=np.zeros(1, np.uint8))  # too small: consumed anyway
+                consumer.consume(d1, out=np.zeros(1, np.uint8))  # too small: refused first
+            consumer.ack(d1)  # not consumed by the refused call
             consumer.ack(d2)
             pool.drain(5000)
         with pytest.raises(ValueError):

@@ -138,6 +138,20 @@ def test_config_errors():
         vmmt.Consumer(timeout_ms=0)
 
 
+@pytest.mark.parametrize("kw", [dict(memory_size=-1), dict(memory_size=2 ** 64 + (2 << 20)),
+                                dict(max_slices=-1), dict(max_slices=2 ** 32 + 4),
+                                dict(recycle_interval_us=-5),
+                                dict(recycle_interval_us=2 ** 32 + 1000)])
+def test_config_numbers_out_of_range(no_leaks, kw):
+    """Attack finding: unchecked conversions wrapped these silently (max_slices=2**32+4
+    made a pool of 4 slots, recycle_interval_us=-5 a recycler period of 71 minutes,
+    memory_size=-1 a request for 16 EiB)."""
+    args = dict(device=0, memory_size=2 << 20, consumer_count=1)
+    args.update(kw)
+    with pytest.raises(OverflowError):
+        vmmt.Pool(**args)
+
+
 def test_bad_inputs(pool):
     with pytest.raises(TypeError, match="__dlpack__"):
         pool.publish([1, 2, 3])
@@ -187,8 +201,14 @@ def test_out_numpy(pool, consumer):
     np.testing.assert_array_equal(out, a)
     with pytest.raises(ValueError, match="not C-contiguous"):
         consumer.consume(pool.publish(a), out=np.zeros(20, np.int64)[::2])
+    d = pool.publish(a)
     with pytest.raises(ValueError, match="out holds"):
-        consumer.consume(pool.publish(a), out=np.zeros(2, np.int64))
+        consumer.consume(d, out=np.zeros(2, np.int64))
+    # Attack finding: a host `out` too small was refused only after the consume had
+    # copied and acknowledged the buffer, so the descriptor was lost for good.
+    out[:] = 0
+    assert consumer.consume(d, out=out) is out
+    np.testing.assert_array_equal(out, a)
 
 
 def test_consume_into_consumed_buffer(pool, consumer):
@@ -236,6 +256,22 @@ def test_ranks_and_ack(no_leaks):
         assert p.stats()["recycled"] == 2
         with pytest.raises(ValueError, match="consecutive"):
             c.ack(d, ranks=[0, 2])
+
+
+def test_negative_ranks_refused(no_leaks):
+    """Attack finding: ranks=-1 (or a range from -1) reached the C API as
+    rank_first=VMMT_ALL_RANKS and acknowledged every rank of the pool."""
+    with vmmt.Pool(0, 2 << 20, 3) as p, vmmt.Consumer() as c:
+        d = p.publish(np.arange(5, dtype=np.int32))
+        for bad in (-1, -2, range(-1, 1), [-1]):
+            with pytest.raises(ValueError, match="ranks"):
+                c.ack(d, ranks=bad)
+            with pytest.raises(ValueError, match="ranks"):
+                c.consume(d, ranks=bad)
+        p.reclaim()
+        assert p.stats()["in_flight"] == 1
+        c.ack(d)
+        p.drain(5000)
 
 
 def test_evict_and_pool_count(pool, consumer):
@@ -294,3 +330,15 @@ def test_probe_matches_cli():
         out = subprocess.run([tool, "probe", "--json", "--driver", "emu"], capture_output=True,
                              text=True, timeout=60)
         assert json.loads(out.stdout) == report
+
+
+def test_read_only_array_published(pool, consumer):
+    """Attack finding: a read-only NumPy array (np.frombuffer of bytes, say) could not
+    be published: NumPy before 2.1 refuses to export it through DLPack (BufferError),
+    although publishing only reads it."""
+    a = np.frombuffer(bytes(range(64)), dtype=np.uint8).reshape(8, 8)
+    assert not a.flags.writeable
+    np.testing.assert_array_equal(np.from_dlpack(consumer.consume(pool.publish(a))), a)
+    d = pool.publish_many([a, np.arange(3, dtype=np.int16)])
+    np.testing.assert_array_equal(np.from_dlpack(consumer.consume(d[0])), a)
+    consumer.ack(d[1])

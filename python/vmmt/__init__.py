@@ -209,7 +209,16 @@ def _capsule(array, stream):
             return array.__dlpack__(max_version=(1, 0), **kwargs)
         except TypeError:  # a library older than DLPack 1.0; remembered: raising costs
             _PRE_DLPACK_1.add(type(array))
-    return array.__dlpack__(**kwargs)
+    try:
+        return array.__dlpack__(**kwargs)
+    except BufferError:
+        # NumPy before 2.1 will not export a read-only array (it cannot say
+        # "read-only" in DLPack 0.x); publishing only reads it, so a copy does.
+        flags = getattr(array, "flags", None)
+        module = sys.modules.get(_library_of(array))
+        if flags is None or getattr(flags, "writeable", True) or not hasattr(module, "array"):
+            raise
+        return module.array(array, copy=True).__dlpack__(**kwargs)
 
 
 _PRE_DLPACK_1 = set()
@@ -548,12 +557,18 @@ def _ranks(ranks):
     """(rank_first, rank_count) from None (all), an int, or consecutive ints."""
     if ranks is None:
         return ALL_RANKS, 0
+    # A negative first rank would reach the C API as VMMT_ALL_RANKS (-1) and
+    # acknowledge every rank of the pool: refused here.
     if isinstance(ranks, int):
+        if ranks < 0:
+            raise ValueError("ranks=%d is negative; give a rank 0.. or None for all" % ranks)
         return ranks, 1
     ranks = list(ranks)
     if not ranks or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
         raise ValueError("ranks must be None, an int, or consecutive ints (a range); got %r"
                          % (ranks,))
+    if ranks[0] < 0:
+        raise ValueError("ranks %r start below 0; give ranks 0.. or None for all" % (ranks,))
     return ranks[0], len(ranks)
 
 
@@ -624,10 +639,13 @@ class Consumer:
         if kind in _DL_CUDA_TYPES:
             self._c.consume_into(raw, device, ptr, nbytes, s, first, count)
             return out
-        # Host memory: through device memory, then one copy to the host.
+        # Host memory: through device memory, then one copy to the host. The
+        # size is checked first: the consume acknowledges, so a refusal after
+        # it would lose the buffer for good.
+        need = _vmmt.desc_inspect(raw)[6]
+        if need > nbytes:
+            raise ValueError("out holds %d bytes; the buffer has %d" % (nbytes, need))
         buf = self._c.consume(raw, device, s, first, count)
-        if buf.nbytes > nbytes:
-            raise ValueError("out holds %d bytes; the buffer has %d" % (nbytes, buf.nbytes))
         _vmmt.mem_copy(device, ptr, buf.ptr, buf.nbytes, s)
         _vmmt.stream_synchronize(device, s)
         del cap

@@ -145,6 +145,23 @@ static void test_demo_pool_pressure(void **state)
     assert_contains(g_out, "result: OK");
 }
 
+/*
+ * Attack finding: --size went through strtoull unchecked, so "-1" and a
+ * number past 2^64 became 18446744073709551615 bytes, and the pool size
+ * (eight buffers) wrapped; "20000000000G" wrapped too. All are bad arguments.
+ */
+static void test_demo_size_out_of_range(void **state)
+{
+    const char *sizes[] = {"-1", "-4M", "99999999999999999999999", "20000000000G",
+                           "18446744073709551615"};
+    (void)state;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        const char *args[] = {"demo", "--driver", "emu", "--count", "1", "--size", sizes[i], NULL};
+        assert_int_equal(run_tool(NULL, args, g_out), 2);
+        assert_contains(g_out, "bad arguments");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -157,6 +174,7 @@ int main(void)
         cmocka_unit_test(test_demo_emu),
         cmocka_unit_test(test_demo_falls_back_without_gpu),
         cmocka_unit_test(test_demo_pool_pressure),
+        cmocka_unit_test(test_demo_size_out_of_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

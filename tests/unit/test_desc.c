@@ -363,8 +363,8 @@ static void test_reject_handle(void **state)
     expect_reject(&d, "handle_type=0");
 
     d = valid_fd();
-    d.flags |= 0x80000008u;
-    expect_reject(&d, "flags=0x80000009 has unknown bits 0x80000008");
+    d.flags |= 0x80000010u;
+    expect_reject(&d, "flags=0x80000011 has unknown bits 0x80000010");
 
     d = valid_fd();
     d.flags |= VMMT__DESC_HOST_TABLE;
