@@ -345,7 +345,9 @@ typedef struct vmmt_pool_config {
      * has announced on its broker link, and that leaves a slice
      * unacknowledged for longer than this, is presumed dead and released as
      * by vmmt_pool_release_rank. 0 (the default): never; a rank that a live
-     * process holds is never released this way.
+     * process holds is never released this way. A rank is held from its
+     * first consume of the pool: one whose first descriptor reaches it later
+     * than the lease is presumed dead, so choose seconds, not milliseconds.
      */
     int consumer_lease_ms;
 } vmmt_pool_config;
@@ -542,7 +544,9 @@ static inline int vmmt_pool_get_stats(vmmt_pool *pool, vmmt_pool_stats *out)
  * and broker, and release the device memory in reverse order. Bounded by
  * timeout_ms; idempotent, and safe while other threads still call into the
  * pool (they get VMMT_ECLOSED). Consumers that imported the pool keep their
- * mappings valid until they evict it.
+ * mappings valid until they evict it. Open reservations (vmmt_reserve) are
+ * not waited for: the memory under them is released, so the producer must
+ * finish (synchronize) its own writes into a reservation before shutdown.
  */
 VMMT_API int vmmt_pool_shutdown(vmmt_pool *pool);
 
