@@ -1007,6 +1007,33 @@ static int reply_status(const struct reply *rp, const char *where, const uint8_t
     return VMMT_OK;
 }
 
+/*
+ * The two parsers without a socket, for the fuzzers (tests/fuzz/): the same
+ * checks the server and the client run on what a peer sent.
+ */
+const char *vmmt__broker_request_problem(const uint8_t *req, size_t n, char *why, size_t cap)
+{
+    return request_problem(req, (ssize_t)n, why, cap);
+}
+
+int vmmt__broker_parse_reply(const uint8_t *buf, size_t len, int msg_flags, int nfds,
+                             const uint8_t pool_id[16], int want)
+{
+    struct reply rp;
+
+    memset(&rp, 0, sizeof rp);
+    /* What recvmsg into REPLY_MAX + 1 bytes would have kept, and said. */
+    if (len > sizeof rp.buf) {
+        len = sizeof rp.buf;
+        msg_flags |= MSG_TRUNC;
+    }
+    memcpy(rp.buf, buf, len);
+    rp.len = (ssize_t)len;
+    rp.msg_flags = msg_flags;
+    rp.nfds = nfds < 0 ? 0 : nfds > CLIENT_MAX_FDS ? CLIENT_MAX_FDS : nfds;
+    return reply_status(&rp, "@fuzz", pool_id, want);
+}
+
 int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
                            int timeout_ms, int *fds_out, int want)
 {

@@ -61,6 +61,17 @@ int vmmt__broker_fetch_fds(const struct vmmt__broker_addr *addr, const uint8_t p
 int vmmt__broker_fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
                        int timeout_ms, int *fd_out);
 
+/*
+ * The message parsers alone, for the fuzzers. Server side: why a request of n
+ * bytes is malformed (text in why), or NULL for a well-formed request.
+ * Client side: the status fetch would return for a reply of len bytes that
+ * came with msg_flags (MSG_TRUNC, MSG_CTRUNC) and nfds attached fds, when it
+ * wants `want` of them; the message is set on failure.
+ */
+const char *vmmt__broker_request_problem(const uint8_t *req, size_t n, char *why, size_t cap);
+int vmmt__broker_parse_reply(const uint8_t *buf, size_t len, int msg_flags, int nfds,
+                             const uint8_t pool_id[16], int want);
+
 /* Counters for stats and tests. */
 struct vmmt__broker_stats {
     uint64_t served, refused_peer, refused_pool, timed_out, malformed;
