@@ -5,7 +5,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 
-.PHONY: all test test-sanitize test-tsan fuzz run probe install format clean
+.PHONY: all test test-sanitize test-tsan fuzz soak run probe install format clean
 
 all:
 	@scripts/bootstrap --tests
@@ -33,6 +33,10 @@ test-tsan:
 # libFuzzer on every fuzz target, FUZZ_SECONDS each (clang; scripts/fuzz).
 fuzz:
 	JOBS=$(JOBS) scripts/fuzz
+
+# Producer and consumer processes with kill -9, VMMT_SOAK_SECONDS (default 60).
+soak: all
+	$(BUILD)/tests/soak/soak
 
 # The main job: on a machine without a GPU the tool falls back to the emulated driver.
 run: all
