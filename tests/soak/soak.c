@@ -170,7 +170,23 @@ struct item {
     int left[MAX_CONSUMERS]; /* members this rank has not reported done */
 };
 
+/*
+ * Recently finished publishes: a consumer reports a consume done once its
+ * copy is, but its acknowledgement may be written a moment later (by its
+ * acknowledgement thread); a kill in between leaves that slice owed by a
+ * rank that reported it done. A restarted consumer acknowledges these again
+ * too; for a slice acknowledged already, or recycled since, that does
+ * nothing (acknowledgements are generation-tagged, never lowered).
+ */
+#define RECENT 256
+struct recent {
+    int members;
+    vmmt_desc desc[MAX_MEMBERS];
+};
+
 struct soak {
+    struct recent recent[RECENT];
+    uint64_t nrecent;
     vmmt_pool *pool;
     CUstream stream;
     CUdeviceptr src;
@@ -210,8 +226,13 @@ static void start_consumer(struct soak *k, int rank)
 
 static void item_done(struct soak *k, int i)
 {
+    struct recent *rc;
+
     for (int r = 0; r < k->nconsumers; r++)
         if (k->items[i].left[r] > 0) return;
+    rc = &k->recent[k->nrecent++ % RECENT];
+    rc->members = k->items[i].members;
+    memcpy(rc->desc, k->items[i].desc, sizeof rc->desc);
     k->items[i].used = 0;
     k->in_flight--;
 }
@@ -379,6 +400,13 @@ static void kill_and_restart(struct soak *k, int rank)
                               .desc = it->desc[m]};
             send_msg(k, rank, &msg);
             k->left_acked++;
+        }
+    }
+    for (uint64_t i = 0; i < RECENT && i < k->nrecent; i++) {
+        const struct recent *rc = &k->recent[i];
+        for (int m = 0; m < rc->members; m++) {
+            struct msg msg = {.kind = MSG_ACK_LEFT, .item = UINT32_MAX, .desc = rc->desc[m]};
+            send_msg(k, rank, &msg);
         }
     }
 #endif

@@ -86,7 +86,7 @@ static const char *const op_names[OP_COUNT] = {
  */
 struct known_defect {
     enum op op;
-    int device_table; /* -1: either */
+    int device_table; /* -1: any configuration */
     const char *entry;
     const char *defect;
 };
@@ -97,8 +97,9 @@ struct known_defect {
     "it cannot be consumed or acknowledged again, and the slice is never released"
 #define EVICT_HALF                                                                                 \
     "defect (consumer.c release_pool): a failed unmap or release during eviction leaves the "      \
-    "cached pool half released (shared control table dropped, host_table cleared), so every "      \
-    "later consume of that pool fails reading the ready flag (CUDA_ERROR_INVALID_VALUE)"
+    "pool in the cache half released (its mapping partly torn down; with a shared host table, "    \
+    "the table dropped and host_table cleared too), so every later consume of that pool fails "    \
+    "reading the ready flag (CUDA_ERROR_INVALID_VALUE)"
 
 static const struct known_defect known[] = {
     {OP_CONSUME, 1, "cuStreamWriteValue32", ACK_LOST},
@@ -145,7 +146,9 @@ struct child {
     int owed[MAX_DESCS]; /* published, neither consumed, acked nor cancelled yet */
     int ndesc;
     int shut;
-    int device_table; /* the control table in device memory, as FABRIC pools have it */
+    /* 0: shared host table; 1: table in device memory, as FABRIC pools have it; 2: host table,
+       publishes synchronize (VMMT_HANDOFF_SYNC) */
+    int device_table;
 };
 
 /* A broken invariant: say which and where, and end the child. */
@@ -279,7 +282,8 @@ static int create_pool(struct child *c)
     cfg.consumer_count = 1;
     cfg.max_slices = 16;
     cfg.timeout_ms = 2000;
-    cfg.device_control_table = c->device_table;
+    cfg.device_control_table = c->device_table == 1;
+    if (c->device_table == 2) cfg.handoff = VMMT_HANDOFF_SYNC;
     return vmmt_pool_create(&cfg, &c->pool);
 }
 
@@ -554,7 +558,11 @@ static void sweep_table(enum op op, int device_table)
             run_point(op, device_table, entries[e], n, result, &o);
             points++;
             ok = o.exited && o.code == 0;
-            if (o.exited && o.rep.quarantined) total_quarantined++;
+            if (o.exited && o.rep.quarantined) {
+                total_quarantined++;
+                printf("  %s, %s #%ld: the pool is quarantined (status %d)\n", op_names[op],
+                       entries[e], n, o.rep.status);
+            }
             if (o.exited && releases(entries[e]) &&
                 (o.rep.leaked_allocs || o.rep.leaked_maps || o.rep.leaked_res || o.rep.leaked_fds))
                 total_leaky++, printf("  %s, %s #%ld: the failed release holds %d allocation(s), "
@@ -576,8 +584,11 @@ static void sweep_table(enum op op, int device_table)
                    o.exited ? o.rep.problem : "crashed or hung");
         }
     }
-    printf("fault sweep: %s, %s control table: %d fault points, %d failed\n", op_names[op],
-           device_table ? "device" : "host", points, failed);
+    printf("fault sweep: %s, %s: %d fault points, %d failed\n", op_names[op],
+           device_table == 0   ? "host control table"
+           : device_table == 1 ? "device control table"
+                               : "host control table, synchronous hand-off",
+           points, failed);
     total_points += points;
     total_failed += failed;
     assert_int_equal(failed, 0);
@@ -587,6 +598,7 @@ static void sweep(enum op op)
 {
     sweep_table(op, 0);
     sweep_table(op, 1);
+    sweep_table(op, 2);
 }
 
 #define SWEEP(name, op)                                                                            \
