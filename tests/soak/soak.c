@@ -33,6 +33,7 @@
 #include "driver.h"
 #include "emu.h"
 #include "pattern.h"
+#include "rng.h"
 #include "testutil.h"
 #include "vmmt.h"
 
@@ -71,11 +72,7 @@ static void die(const char *what)
 static uint64_t rng_state;
 static uint64_t rnd(void)
 {
-    /* xorshift64*: fast, and the seed printed at the start reproduces a run. */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
+    return tu_rng_next(&rng_state);
 }
 
 static double now_s(void)

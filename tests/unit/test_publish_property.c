@@ -21,6 +21,7 @@
 
 #include "desc.h"
 #include "pattern.h"
+#include "rng.h"
 #include "poolfix.h"
 
 #define ROUNDS       5000
@@ -31,10 +32,7 @@
 static uint64_t rng;
 static uint64_t rnd(void)
 {
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return rng * 2685821657736338717ull;
+    return tu_rng_next(&rng);
 }
 
 struct out {
@@ -134,6 +132,20 @@ static void check_member(struct fixture *f, const vmmt_pool_stats *ps, const vmm
  * random publishes leave out rounded-down sub-byte sizes, counted as XFAIL;
  * once fixed, they are part of the property again without a change here.
  */
+/* 17 one-bit booleans (3 bytes by the decoder's rule) in src, claimed to be nbytes. */
+static vmmt_buffer bools17(struct fixture *f, uint64_t nbytes)
+{
+    vmmt_buffer b;
+
+    memset(&b, 0, sizeof b);
+    b.ptr = f->src;
+    b.dtype = (vmmt_dtype){.code = 6, .bits = 1, .lanes = 1};
+    b.ndim = 1;
+    b.shape[0] = 17;
+    b.nbytes = nbytes;
+    return b;
+}
+
 static int subbyte_defect_present(struct fixture *f)
 {
     vmmt_pool_config c = config(2 * MiB, 1);
@@ -144,12 +156,7 @@ static int subbyte_defect_present(struct fixture *f)
     int present = 0;
 
     assert_vmmt_ok(vmmt_pool_create(&c, &pool));
-    memset(&b, 0, sizeof b);
-    b.ptr = f->src;
-    b.dtype = (vmmt_dtype){.code = 6, .bits = 1, .lanes = 1};
-    b.ndim = 1;
-    b.shape[0] = 17;
-    b.nbytes = 2;
+    b = bools17(f, 2);
     if (vmmt_publish(pool, &b, f->stream, &desc) == VMMT_OK)
         present = vmmt_desc_inspect(&desc, &info) != VMMT_OK;
     vmmt_pool_destroy(pool);
@@ -268,12 +275,7 @@ static void test_subbyte_sizes_agree(void **state)
     int st_up, st_down, decodes_down = 0;
 
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
-    memset(&b, 0, sizeof b);
-    b.ptr = f->src;
-    b.dtype = (vmmt_dtype){.code = 6, .bits = 1, .lanes = 1};
-    b.ndim = 1;
-    b.shape[0] = 17;
-    b.nbytes = 3;
+    b = bools17(f, 3);
     st_up = vmmt_publish(f->pool, &b, f->stream, &desc);
     if (st_up == VMMT_OK) {
         assert_vmmt_ok(vmmt_desc_inspect(&desc, &info));
