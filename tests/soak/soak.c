@@ -7,8 +7,9 @@
  * drops what it is sent. Now and then the producer kills a consumer with
  * SIGKILL and starts a new one for the same rank. What the dead one left
  * unacknowledged is then released:
- *   - with VMMT_HAVE_RELEASE_RANK defined (the library declares
- *     vmmt_pool_release_rank), by the producer calling it for that rank;
+ *   - with VMMT_HAVE_RELEASE_RANK defined (by vmmt.h beside its declaration
+ *     of vmmt_pool_release_rank, or -D on the compiler line), by the
+ *     producer calling it for that rank once the dead process is reaped;
  *   - otherwise by the new consumer, which acknowledges every descriptor its
  *     predecessor had not reported done (whole packed groups).
  * At the end: no consumer saw a wrong byte, every consumer exits cleanly with
