@@ -3,14 +3,15 @@
  * choose what came with the packet (the MSG_TRUNC and MSG_CTRUNC flags, how
  * many fds the kernel attached, how many the caller wants); the rest is the
  * packet. Invariants: success only for a reply that is exactly well formed
- * (length 14 + msg_len, "VMBR", version 2, status 0, as many fds announced,
- * attached and wanted, no truncation); any other reply fails with a known
- * negative status and a printable message, whatever text the peer sent.
+ * (length header + msg_len, "VMBR", the client's version, status 0, in
+ * version 3 the pool id asked for, as many fds announced, attached and
+ * wanted, no truncation); any other reply fails with a known negative status
+ * and a printable message, whatever text the peer sent.
  */
 #include <string.h>
 #include <sys/socket.h>
 
-#include "broker.h"
+#include "broker_proto.h"
 #include "fuzz.h"
 #include "vmmt.h"
 
@@ -30,8 +31,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st == VMMT_OK) {
         FUZZ_ASSERT(!(flags & MSG_TRUNC), "truncated reply accepted");
         FUZZ_ASSERT(len >= 14 && memcmp(pkt, "VMBR", 4) == 0, "no header");
-        FUZZ_ASSERT(pkt[4] == 2 && pkt[5] == 0, "version %u", pkt[4] | pkt[5] << 8);
-        FUZZ_ASSERT(len == 14u + (pkt[12] | (unsigned)pkt[13] << 8), "length %zu", len);
+        FUZZ_ASSERT(len >= FUZZ_REPLY_HEAD, "short reply");
+        FUZZ_ASSERT(pkt[4] == FUZZ_PROTO && pkt[5] == 0, "version %u", pkt[4] | pkt[5] << 8);
+        FUZZ_ASSERT(len == FUZZ_REPLY_HEAD + (pkt[12] | (unsigned)pkt[13] << 8), "length %zu", len);
+        if (FUZZ_PROTO >= 3)
+            FUZZ_ASSERT(memcmp(pkt + 14, pool_id, 16) == 0, "another pool's reply");
         FUZZ_ASSERT(pkt[8] == 0 && pkt[9] == 0 && pkt[10] == 0 && pkt[11] == 0, "status");
         FUZZ_ASSERT(pkt[6] == nfds && nfds == want, "announced %u, attached %d, wanted %d", pkt[6],
                     nfds, want);

@@ -1,25 +1,46 @@
 /*
  * Fuzz target: the broker server's request parser, on any packet a client
  * could send. Invariants: a request is accepted exactly when it is 24 bytes
- * with the "VMBQ" magic, version 2 and a zero reserved field; a refusal has
- * a printable reason that fits the reply (200 bytes).
+ * with the "VMBQ" magic, the broker's version and no unknown flag bits
+ * (version 2: a zero reserved field); an accepted request yields the pool id
+ * and flags it carries; a refusal has a printable reason that fits a reply
+ * (200 bytes).
  */
 #include <string.h>
 
-#include "broker.h"
+#include "broker_proto.h"
 #include "fuzz.h"
+
+static const char *parse(const uint8_t *data, size_t size, uint16_t *flags, uint8_t id[16],
+                         char *why, size_t cap)
+{
+#if FUZZ_PROTO >= 3
+    return vmmt__breq_parse(data, (long)size, flags, id, why, cap);
+#else
+    const char *problem = vmmt__broker_request_problem(data, size, why, cap);
+    if (problem == NULL) {
+        *flags = 0;
+        memcpy(id, data + 8, 16);
+    }
+    return problem;
+#endif
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char why[201];
+    uint8_t id[16];
+    uint16_t flags = 0xffff;
     const char *problem;
-    int well_formed = size == 24 && memcmp(data, "VMBQ", 4) == 0 && data[4] == 2 && data[5] == 0 &&
-                      data[6] == 0 && data[7] == 0;
+    int well_formed = size == 24 && memcmp(data, "VMBQ", 4) == 0 && data[4] == FUZZ_PROTO &&
+                      data[5] == 0 && ((data[6] | data[7] << 8) & ~FUZZ_REQ_FLAGS) == 0;
 
     memset(why, 0, sizeof why);
-    problem = vmmt__broker_request_problem(data, size, why, sizeof why);
+    problem = parse(data, size, &flags, id, why, sizeof why);
     if (well_formed) {
         FUZZ_ASSERT(problem == NULL, "well-formed request refused: %s", why);
+        FUZZ_ASSERT(memcmp(id, data + 8, 16) == 0, "pool id not the request's");
+        FUZZ_ASSERT(flags == (data[6] | data[7] << 8), "flags 0x%x", flags);
         return 0;
     }
     FUZZ_ASSERT(problem == why, "malformed request of %zu bytes accepted", size);

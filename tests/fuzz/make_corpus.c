@@ -188,6 +188,47 @@ static void broker_seeds(void)
     put("fuzz_broker_reply", "ctrunc", reply, 3 + 14 + strlen(text));
 }
 
+/* Protocol 3 (liveness links, pool id in the reply): seeds for when the library speaks it. */
+static void broker_v3_seeds(void)
+{
+    uint8_t req[24] = {'V', 'M', 'B', 'Q', 3, 0, 1, 0};
+    uint8_t reply[3 + 30 + 200];
+    uint8_t link[1 + 16] = {7, 'V', 'M', 'B', 'M', 3, 0, 1, 0, 2, 0, 0, 0, 3, 0, 0, 0};
+    const char *text = "uid 1234 is not allowed";
+
+    for (int i = 0; i < 16; i++)
+        req[8 + i] = (uint8_t)(i + 1);
+    put("fuzz_broker_request", "v3-hold", req, sizeof req);
+    req[6] = 0;
+    put("fuzz_broker_request", "v3-plain", req, sizeof req);
+    req[6] = 2;
+    put("fuzz_broker_request", "v3-unknown-flag", req, sizeof req);
+
+    memset(reply, 0, sizeof reply);
+    reply[0] = 0, reply[1] = 2, reply[2] = 1;
+    memcpy(reply + 3, "VMBR", 4);
+    reply[3 + 4] = 3;
+    reply[3 + 6] = 2;
+    reply[3 + 7] = 1;
+    for (int i = 0; i < 16; i++)
+        reply[3 + 14 + i] = (uint8_t)(i + 1);
+    put("fuzz_broker_reply", "v3-ok-2fds-held", reply, 3 + 30);
+    reply[3 + 14] ^= 0xff;
+    put("fuzz_broker_reply", "v3-other-pool", reply, 3 + 30);
+    reply[1] = 0, reply[3 + 6] = 0, reply[3 + 7] = 0;
+    reply[3 + 8] = (uint8_t)VMMT_EPERM, reply[3 + 9] = reply[3 + 10] = reply[3 + 11] = 0xff;
+    reply[3 + 12] = (uint8_t)strlen(text);
+    memcpy(reply + 3 + 30, text, strlen(text));
+    put("fuzz_broker_reply", "v3-refused", reply, 3 + 30 + strlen(text));
+
+    put("fuzz_broker_link", "hold", link, sizeof link);
+    link[7] = 2, link[9] = 0, link[13] = 0;
+    put("fuzz_broker_link", "bye", link, sizeof link);
+    link[7] = 1, link[9] = 7, link[13] = 2;
+    put("fuzz_broker_link", "hold-outside", link, sizeof link);
+    put("fuzz_broker_link", "short", link, 10);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -201,5 +242,6 @@ int main(int argc, char **argv)
     fabric_desc();
     roundtrip_seeds();
     broker_seeds();
+    broker_v3_seeds();
     return 0;
 }
