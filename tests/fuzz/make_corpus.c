@@ -15,6 +15,7 @@
 
 #include "desc.h"
 #include "driver.h"
+#include "testutil.h"
 #include "vmmt.h"
 
 static const char *root;
@@ -236,7 +237,9 @@ int main(int argc, char **argv)
         return 2;
     }
     root = argv[1];
-    check(vmmt_driver_select("emu"), "driver");
+    if (mkdir(root, 0755) != 0 && errno != EEXIST) perror(root);
+    setenv("VMMT_TEST_DRIVER", "emu", 1);
+    tu_use_test_driver();
     descs_of_pool(0, "hosttable");
     descs_of_pool(1, "devtable");
     fabric_desc();

@@ -105,7 +105,8 @@ static int consumer_main(int rank)
     int bad = 0;
 
     if (host == NULL) return 2;
-    if (vmmt_driver_select("emu") != VMMT_OK || vmmt__ctx_enter(0) != VMMT_OK) die("consumer init");
+    tu_use_test_driver();
+    if (vmmt__ctx_enter(0) != VMMT_OK) die("consumer init");
     d = vmmt__drv();
     if (d->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) die("stream");
     if (d->cuMemAlloc(&dst, MAX_BYTES) != CUDA_SUCCESS) die("dst");
@@ -425,7 +426,8 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed)
     k.nconsumers = nconsumers;
     k.next_pattern = 1;
     rng_state = seed ? seed : 1;
-    if (vmmt_driver_select("emu") != VMMT_OK || vmmt__ctx_enter(0) != VMMT_OK) die("init");
+    tu_use_test_driver();
+    if (vmmt__ctx_enter(0) != VMMT_OK) die("init");
     d = vmmt__drv();
     vmmt_pool_config_init(&cfg);
     cfg.memory_size = 4 * MiB; /* small enough to run full now and then */
@@ -511,6 +513,8 @@ int main(int argc, char **argv)
     uint64_t seed = (uint64_t)time(NULL);
 
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* The checks use the emulator's counters: the soak runs there (consumers inherit it). */
+    setenv("VMMT_TEST_DRIVER", "emu", 1);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--consumer") == 0 && i + 1 < argc)
             return consumer_main(atoi(argv[i + 1]));
