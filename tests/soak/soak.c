@@ -16,7 +16,10 @@
  * nothing held in its emulator, the pool drains to empty, and the producer's
  * fd and mapping counts are what they were before the first consumer.
  *
- *     soak [--seconds N] [--consumers N] [--seed N]
+ *     soak [--seconds N] [--consumers N] [--seed N] [--device-table]
+ *
+ * --device-table keeps the control table in device memory (as FABRIC pools
+ * do) instead of shared host memory.
  *     soak --consumer RANK   (internal: a consumer on fd 3)
  */
 #include <errno.h>
@@ -411,7 +414,7 @@ static void kill_and_restart(struct soak *k, int rank)
 #endif
 }
 
-static int producer_main(double seconds, int nconsumers, uint64_t seed)
+static int producer_main(double seconds, int nconsumers, uint64_t seed, int device_table)
 {
     static struct soak k;
     const struct vmmt_drv *d;
@@ -433,6 +436,7 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed)
     cfg.memory_size = 4 * MiB; /* small enough to run full now and then */
     cfg.consumer_count = nconsumers;
     cfg.max_slices = 64;
+    cfg.device_control_table = device_table;
     if (vmmt_pool_create(&cfg, &k.pool) != VMMT_OK) die("pool create");
     if (d->cuStreamCreate(&k.stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) die("stream");
     if (d->cuMemAlloc(&k.src, SRC_BYTES) != CUDA_SUCCESS) die("src");
@@ -509,7 +513,7 @@ int main(int argc, char **argv)
 {
     const char *env = getenv("VMMT_SOAK_SECONDS");
     double seconds = env ? atof(env) : 60;
-    int consumers = 3;
+    int consumers = 3, device_table = 0;
     uint64_t seed = (uint64_t)time(NULL);
 
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -522,10 +526,13 @@ int main(int argc, char **argv)
             seconds = atof(argv[++i]);
         else if (strcmp(argv[i], "--consumers") == 0 && i + 1 < argc)
             consumers = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--device-table") == 0)
+            device_table = 1;
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 0);
         else {
-            fprintf(stderr, "usage: %s [--seconds N] [--consumers N] [--seed N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--seconds N] [--consumers N] [--seed N] [--device-table]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -533,5 +540,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "soak: 1 to %d consumers, and a positive duration\n", MAX_CONSUMERS);
         return 2;
     }
-    return producer_main(seconds, consumers, seed);
+    return producer_main(seconds, consumers, seed, device_table);
 }
