@@ -389,26 +389,36 @@ static void kill_and_restart(struct soak *k, int rank)
         item_done(k, i);
     }
 #else
-    /* The new consumer acknowledges every group its predecessor had not finished, whole. */
+    /*
+     * The new consumer acknowledges, oldest first, the recently finished publishes and
+     * every one in flight (whole groups): its predecessor may have reported a drop or a
+     * consume done before the acknowledgement was written. Oldest first and all of those
+     * in flight last, because on a device control table an acknowledgement is a plain
+     * store of the generation: acknowledging a slot's earlier occupant after its newer
+     * one would take the newer one's acknowledgement back.
+     */
     start_consumer(k, rank);
-    for (int i = 0; i < MAX_ITEMS; i++) {
-        struct item *it = &k->items[i];
-        if (!it->used || it->left[rank] == 0) continue;
-        it->left[rank] = it->members;
-        for (int m = 0; m < it->members; m++) {
-            struct msg msg = {.kind = MSG_ACK_LEFT,
-                              .item = (uint32_t)i,
-                              .member = (uint32_t)m,
-                              .desc = it->desc[m]};
-            send_msg(k, rank, &msg);
-            k->left_acked++;
-        }
-    }
-    for (uint64_t i = 0; i < RECENT && i < k->nrecent; i++) {
-        const struct recent *rc = &k->recent[i];
+    for (uint64_t j = k->nrecent > RECENT ? k->nrecent - RECENT : 0; j < k->nrecent; j++) {
+        const struct recent *rc = &k->recent[j % RECENT];
         for (int m = 0; m < rc->members; m++) {
             struct msg msg = {.kind = MSG_ACK_LEFT, .item = UINT32_MAX, .desc = rc->desc[m]};
             send_msg(k, rank, &msg);
+        }
+    }
+    /* Then every publish in flight, those this rank reported done too (see above). */
+    for (int i = 0; i < MAX_ITEMS; i++) {
+        struct item *it = &k->items[i];
+        int owed;
+        if (!it->used) continue;
+        owed = it->left[rank] > 0;
+        if (owed) it->left[rank] = it->members;
+        for (int m = 0; m < it->members; m++) {
+            struct msg msg = {.kind = MSG_ACK_LEFT,
+                              .item = owed ? (uint32_t)i : UINT32_MAX,
+                              .member = (uint32_t)m,
+                              .desc = it->desc[m]};
+            send_msg(k, rank, &msg);
+            k->left_acked += (uint64_t)owed;
         }
     }
 #endif
