@@ -1,9 +1,8 @@
 /*
  * Fuzz target: the broker server's request parser, on any packet a client
  * could send. Invariants: a request is accepted exactly when it is 24 bytes
- * with the "VMBQ" magic, the broker's version and no unknown flag bits; an accepted request yields the pool id
- * and flags it carries; a refusal has a printable reason that fits a reply
- * (200 bytes).
+ * with the "VMBQ" magic, the broker's version and no unknown flag bits; an accepted request yields
+ * the pool id and flags it carries; a refusal has a printable reason that fits a reply (200 bytes).
  */
 #include <string.h>
 
