@@ -252,13 +252,14 @@ static void link_died(struct vmmt__broker *b, int i)
     uint64_t ranks[VMMT_BROKER_RANK_WORDS];
     pid_t pid = b->conns[i].pid;
     uid_t uid = b->conns[i].uid;
+    int64_t held_ms = b->conns[i].held_ms;
     bool any = orphaned_ranks(b, i, ranks);
 
     count(&b->deaths);
     remove_conn(b, i);
     vmmt__log(VMMT_LOG_INFO, "fd broker: consumer pid %d (uid %u) died%s", (int)pid, (unsigned)uid,
               any ? "; releasing the ranks it alone held" : "");
-    if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid);
+    if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid, held_ms);
 }
 
 /*
@@ -287,6 +288,8 @@ static void link_closed(struct vmmt__broker *b, int i)
             if (j == i || b->conns[j].state != CONN_ORPHAN || b->conns[j].pid != c->pid) continue;
             for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
                 b->conns[j].ranks[w] |= c->ranks[w];
+            if (c->held_ms != 0 && (b->conns[j].held_ms == 0 || c->held_ms < b->conns[j].held_ms))
+                b->conns[j].held_ms = c->held_ms;
             remove_conn(b, i);
             return;
         }
@@ -326,6 +329,7 @@ static bool serve_link(struct vmmt__broker *b, int i)
             remove_conn(b, i);
             return false;
         }
+        if (b->conns[i].held_ms == 0) b->conns[i].held_ms = vmmt__now_ms();
         for (uint32_t r = m.first; r < m.first + m.count; r++)
             b->conns[i].ranks[r / 64] |= 1ull << (r % 64);
     }

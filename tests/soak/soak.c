@@ -10,13 +10,14 @@
  *   - with VMMT_HAVE_RELEASE_RANK defined (by vmmt.h beside its declaration
  *     of vmmt_pool_release_rank, or -D on the compiler line), by the
  *     producer calling it for that rank once the dead process is reaped;
- *   - otherwise by the new consumer, which acknowledges every descriptor its
- *     predecessor had not reported done (whole packed groups).
+ *   - otherwise, or with --successor-acks, by the new consumer, which
+ *     acknowledges every descriptor its predecessor had not reported done
+ *     (whole packed groups).
  * At the end: no consumer saw a wrong byte, every consumer exits cleanly with
  * nothing held in its emulator, the pool drains to empty, and the producer's
  * fd and mapping counts are what they were before the first consumer.
  *
- *     soak [--seconds N] [--consumers N] [--seed N] [--device-table]
+ *     soak [--seconds N] [--consumers N] [--seed N] [--device-table] [--successor-acks]
  *
  * --device-table keeps the control table in device memory (as FABRIC pools
  * do) instead of shared host memory.
@@ -387,6 +388,9 @@ static void send_msg(struct soak *k, int rank, const struct msg *m)
     }
 }
 
+/* --successor-acks: the restarted consumer acknowledges what its predecessor left. */
+static int successor_acks;
+
 static void kill_and_restart(struct soak *k, int rank)
 {
     int status;
@@ -396,16 +400,19 @@ static void kill_and_restart(struct soak *k, int rank)
     close(k->fd[rank]);
     k->kills++;
 #ifdef VMMT_HAVE_RELEASE_RANK
-    /* The library acknowledges for the dead rank; nothing it was sent is owed any more. */
-    if (vmmt_pool_release_rank(k->pool, rank) != VMMT_OK) die("vmmt_pool_release_rank");
-    start_consumer(k, rank);
-    for (int i = 0; i < MAX_ITEMS; i++) {
-        if (!k->items[i].used || k->items[i].left[rank] == 0) continue;
-        k->left_acked += (uint64_t)k->items[i].left[rank];
-        k->items[i].left[rank] = 0;
-        item_done(k, i);
+    if (!successor_acks) {
+        /* The library acknowledges for the dead rank; nothing it was sent is owed any more. */
+        if (vmmt_pool_release_rank(k->pool, rank) != VMMT_OK) die("vmmt_pool_release_rank");
+        start_consumer(k, rank);
+        for (int i = 0; i < MAX_ITEMS; i++) {
+            if (!k->items[i].used || k->items[i].left[rank] == 0) continue;
+            k->left_acked += (uint64_t)k->items[i].left[rank];
+            k->items[i].left[rank] = 0;
+            item_done(k, i);
+        }
+        return;
     }
-#else
+#endif
     /*
      * The new consumer acknowledges, oldest first, the recently finished publishes and
      * every one in flight (whole groups): its predecessor may have reported a drop or a
@@ -438,7 +445,6 @@ static void kill_and_restart(struct soak *k, int rank)
             k->left_acked += (uint64_t)owed;
         }
     }
-#endif
 }
 
 static int producer_main(double seconds, int nconsumers, uint64_t seed, int device_table)
@@ -555,10 +561,14 @@ int main(int argc, char **argv)
             consumers = atoi(argv[++i]);
         else if (strcmp(argv[i], "--device-table") == 0)
             device_table = 1;
+        else if (strcmp(argv[i], "--successor-acks") == 0)
+            successor_acks = 1;
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 0);
         else {
-            fprintf(stderr, "usage: %s [--seconds N] [--consumers N] [--seed N] [--device-table]\n",
+            fprintf(stderr,
+                    "usage: %s [--seconds N] [--consumers N] [--seed N] [--device-table] "
+                    "[--successor-acks]\n",
                     argv[0]);
             return 2;
         }
