@@ -246,6 +246,19 @@ static bool orphaned_ranks(const struct vmmt__broker *b, int i, uint64_t out[])
     return any;
 }
 
+/* Publish the ranks live links hold, for vmmt__broker_live_ranks. */
+static void update_live(struct vmmt__broker *b)
+{
+    uint64_t live[VMMT_BROKER_RANK_WORDS] = {0};
+
+    for (int i = 0; i < b->nconns; i++)
+        if (b->conns[i].state != CONN_PENDING)
+            for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+                live[w] |= b->conns[i].ranks[w];
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        atomic_store_explicit(&b->live[w], live[w], memory_order_relaxed);
+}
+
 /* The link's process is dead: hand its last-held ranks to the pool, then forget it. */
 static void link_died(struct vmmt__broker *b, int i)
 {
@@ -259,6 +272,9 @@ static void link_died(struct vmmt__broker *b, int i)
     remove_conn(b, i);
     vmmt__log(VMMT_LOG_INFO, "fd broker: consumer pid %d (uid %u) died%s", (int)pid, (unsigned)uid,
               any ? "; releasing the ranks it alone held" : "");
+    /* The pool checks, when it releases, that no live link holds the ranks again:
+     * the dead link must be gone from what it reads by then. */
+    update_live(b);
     if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid, held_ms);
 }
 
@@ -493,19 +509,6 @@ static void handle_event(struct vmmt__broker *b, const struct pollfd *p, uint64_
             if (i >= 0 && b->conns[i].fd == p->fd && !readable_now(p->fd)) link_closed(b, i);
         }
     }
-}
-
-/* Publish the ranks live links hold, for vmmt__broker_live_ranks. */
-static void update_live(struct vmmt__broker *b)
-{
-    uint64_t live[VMMT_BROKER_RANK_WORDS] = {0};
-
-    for (int i = 0; i < b->nconns; i++)
-        if (b->conns[i].state != CONN_PENDING)
-            for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
-                live[w] |= b->conns[i].ranks[w];
-    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
-        atomic_store_explicit(&b->live[w], live[w], memory_order_relaxed);
 }
 
 /* One round of poll; returns false when stop was asked for. */

@@ -417,9 +417,10 @@ static void kill_and_restart(struct soak *k, int rank)
      * The new consumer acknowledges, oldest first, the recently finished publishes and
      * every one in flight (whole groups): its predecessor may have reported a drop or a
      * consume done before the acknowledgement was written. Oldest first and all of those
-     * in flight last, because on a device control table an acknowledgement is a plain
-     * store of the generation: acknowledging a slot's earlier occupant after its newer
-     * one would take the newer one's acknowledgement back.
+     * in flight last: on a device control table an acknowledgement is a plain store of
+     * the generation, and this order was once needed so that a slot's earlier occupant
+     * was not acknowledged over its newer one. The library now refuses or skips such a
+     * late acknowledgement (defect 7, test_late_ack); the order stays, as an engine's.
      */
     start_consumer(k, rank);
     for (uint64_t j = k->nrecent > RECENT ? k->nrecent - RECENT : 0; j < k->nrecent; j++) {
