@@ -54,13 +54,16 @@
 /*
  * ThreadSanitizer maps shadow and allocator regions as the process touches new
  * memory, so there the mapping count says nothing about the library; it is
- * printed but not compared. (AddressSanitizer's regions are left out of the
- * count by tu_count_maps.)
+ * printed but not compared. AddressSanitizer's named regions are left out of
+ * the count by tu_count_maps, but its allocator's anonymous ones still come
+ * and go (92 -> 93, 94 -> 92 in 3 s device-table runs), so there too the
+ * count is only printed; the plain build's soak (CTest, `make soak`) and the
+ * emulator's live counts in every consumer still check mappings exactly.
  */
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define MAPS_GROW_ON_THEIR_OWN 1
 #elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
 #define MAPS_GROW_ON_THEIR_OWN 1
 #endif
 #endif
