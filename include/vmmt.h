@@ -490,10 +490,15 @@ VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
  * then). Slices published later still need the rank. POSIX_FD pools do this
  * on their own when a consumer process dies (its broker connection closes
  * and the process is gone): see docs/broker.md. A live rank is never
- * released but by this call. VMMT_EINVAL for a rank outside the pool.
+ * released but by this call. An engine that restarts a rank under the same
+ * number should call this after reaping the old process and before
+ * publishing for the new one: the pool's own release of the dead process
+ * then knows it has nothing left to do. VMMT_EINVAL for a rank outside the pool.
  * Thread-safe; counted in vmmt_pool_stats.rank_releases and released_slices.
  */
 VMMT_API int vmmt_pool_release_rank(vmmt_pool *pool, int rank);
+/* Defined where vmmt_pool_release_rank exists, for code that builds against older headers. */
+#define VMMT_HAVE_RELEASE_RANK 1
 
 /* Wait until nothing is in flight, at most timeout_ms (>= 0); VMMT_ETIMEDOUT otherwise. */
 VMMT_API int vmmt_pool_drain(vmmt_pool *pool, int timeout_ms);

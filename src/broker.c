@@ -246,19 +246,36 @@ static bool orphaned_ranks(const struct vmmt__broker *b, int i, uint64_t out[])
     return any;
 }
 
+/* Publish the ranks live links hold, for vmmt__broker_live_ranks. */
+static void update_live(struct vmmt__broker *b)
+{
+    uint64_t live[VMMT_BROKER_RANK_WORDS] = {0};
+
+    for (int i = 0; i < b->nconns; i++)
+        if (b->conns[i].state != CONN_PENDING)
+            for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+                live[w] |= b->conns[i].ranks[w];
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        atomic_store_explicit(&b->live[w], live[w], memory_order_relaxed);
+}
+
 /* The link's process is dead: hand its last-held ranks to the pool, then forget it. */
 static void link_died(struct vmmt__broker *b, int i)
 {
     uint64_t ranks[VMMT_BROKER_RANK_WORDS];
     pid_t pid = b->conns[i].pid;
     uid_t uid = b->conns[i].uid;
+    int64_t held_ms = b->conns[i].held_ms;
     bool any = orphaned_ranks(b, i, ranks);
 
     count(&b->deaths);
     remove_conn(b, i);
     vmmt__log(VMMT_LOG_INFO, "fd broker: consumer pid %d (uid %u) died%s", (int)pid, (unsigned)uid,
               any ? "; releasing the ranks it alone held" : "");
-    if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid);
+    /* The pool checks, when it releases, that no live link holds the ranks again:
+     * the dead link must be gone from what it reads by then. */
+    update_live(b);
+    if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid, held_ms);
 }
 
 /*
@@ -287,6 +304,8 @@ static void link_closed(struct vmmt__broker *b, int i)
             if (j == i || b->conns[j].state != CONN_ORPHAN || b->conns[j].pid != c->pid) continue;
             for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
                 b->conns[j].ranks[w] |= c->ranks[w];
+            if (c->held_ms != 0 && (b->conns[j].held_ms == 0 || c->held_ms < b->conns[j].held_ms))
+                b->conns[j].held_ms = c->held_ms;
             remove_conn(b, i);
             return;
         }
@@ -326,6 +345,7 @@ static bool serve_link(struct vmmt__broker *b, int i)
             remove_conn(b, i);
             return false;
         }
+        if (b->conns[i].held_ms == 0) b->conns[i].held_ms = vmmt__now_ms();
         for (uint32_t r = m.first; r < m.first + m.count; r++)
             b->conns[i].ranks[r / 64] |= 1ull << (r % 64);
     }
@@ -489,19 +509,6 @@ static void handle_event(struct vmmt__broker *b, const struct pollfd *p, uint64_
             if (i >= 0 && b->conns[i].fd == p->fd && !readable_now(p->fd)) link_closed(b, i);
         }
     }
-}
-
-/* Publish the ranks live links hold, for vmmt__broker_live_ranks. */
-static void update_live(struct vmmt__broker *b)
-{
-    uint64_t live[VMMT_BROKER_RANK_WORDS] = {0};
-
-    for (int i = 0; i < b->nconns; i++)
-        if (b->conns[i].state != CONN_PENDING)
-            for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
-                live[w] |= b->conns[i].ranks[w];
-    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
-        atomic_store_explicit(&b->live[w], live[w], memory_order_relaxed);
 }
 
 /* One round of poll; returns false when stop was asked for. */

@@ -30,9 +30,14 @@
 #define VMMT_BROKER_MAX_RANKS          256
 #define VMMT_BROKER_RANK_WORDS         (VMMT_BROKER_MAX_RANKS / 64)
 
-/* Called on the broker thread when ranks lose their last live holder (see ranks). */
+/*
+ * Called on the broker thread when ranks lose their last live holder (see
+ * ranks). held_ms: when the dead process's link first said it holds ranks
+ * (vmmt__now_ms), so that the pool can tell whether an engine's own release
+ * of a rank came after that process took it (release.c).
+ */
 typedef void (*vmmt__broker_dead_fn)(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS],
-                                     pid_t pid, uid_t uid);
+                                     pid_t pid, uid_t uid, int64_t held_ms);
 
 struct vmmt__broker_config {
     const char *path;          /* NULL: an unguessable abstract name; else a filesystem path */

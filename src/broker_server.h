@@ -37,6 +37,7 @@ struct conn {
     pid_t pid;
     int64_t deadline; /* pending: the request must arrive by then */
     uint64_t seq;     /* accept order, for eviction of the oldest */
+    int64_t held_ms;  /* monotonic ms of its first hold message; 0 before (vmmt__broker_dead_fn) */
     uint64_t ranks[VMMT_BROKER_RANK_WORDS];
 };
 

@@ -26,7 +26,14 @@ struct request {
     CUstream stream;
     uint32_t first, count; /* ranks */
     int ack_now;           /* this call completes the slot for these ranks */
+    /* Ranks whose acknowledgement word holds the generation already: check_occupant
+     * fills it when it reads the slot's row; claim keeps it in the slot state and,
+     * when ack_now, gives back the slot's whole set for write_acks to skip. */
+    uint64_t acked_elsewhere[VMMT__MAX_CONSUMERS / 64];
 };
+
+/* A device table's row as check_occupant reads it: the ready word, then one word per rank. */
+#define POLL_WORDS (1 + VMMT__MAX_CONSUMERS)
 
 static int resolve_ranks(const struct vmmt__desc *d, int first, int count, struct request *rq)
 {
@@ -124,6 +131,9 @@ static int claim(struct request *rq)
         memset(s, 0, sizeof *s);
         s->generation = rq->d.generation;
     }
+    for (int w = 0; w < VMMT__MAX_CONSUMERS / 64; w++)
+        s->acked_elsewhere[w] |= rq->acked_elsewhere[w];
+    memcpy(rq->acked_elsewhere, s->acked_elsewhere, sizeof rq->acked_elsewhere);
     if (rq->d.pack_count <= 1) {
         if (ranks_overlap(s, rq->first, rq->count)) return fail_twice(rq);
         mark_acked(s, rq->first, rq->count);
@@ -183,6 +193,7 @@ out:
 }
 
 static int load_ready(vmmt_consumer *c, const struct request *rq, uint32_t *v);
+static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready);
 
 /*
  * Whether the descriptor names the slot's occupant, from the slot's ready
@@ -191,18 +202,41 @@ static int load_ready(vmmt_consumer *c, const struct request *rq, uint32_t *v);
  * pool's stream, done only when this process's own record of the slot does
  * not vouch for it: the occupant it last saw, or the one after it (whose
  * wait for the ready word then orders the copy and the acknowledgement).
+ *
+ * An empty record (generation 0: this process never saw the slot) vouches
+ * for nothing. It once vouched for generation 1, "the one after none", and
+ * that was the late-acknowledgement defect (tests/unit/test_late_ack.c,
+ * found by the soak with --device-table): a restarted consumer acknowledging
+ * its predecessor's leftovers took a descriptor of a slot's first occupant
+ * without reading the slot, though the slot had been recycled and its newer
+ * occupant acknowledged; the stream wait (GEQ) passed on the newer
+ * generation, and the acknowledgement, a stream write that cannot compare
+ * and swap, stored the old generation over the newer occupant's, whose
+ * slice was then never released (a consume would have copied the newer
+ * occupant's bytes). So a process's first look at a slot reads it.
+ *
+ * That read also takes the slot's rank words, for the second way a late
+ * acknowledgement overwrites a newer one: the occupant is still G, but
+ * another process of the rank (a predecessor now dead) acknowledged it
+ * already, so the producer may recycle G and publish G+1 as soon as it sees
+ * that, while this process's own write of G is still queued on a stream;
+ * should this process then acknowledge G+1 on another stream, the queued G
+ * lands last. A rank whose word holds G is therefore not written again
+ * (acked_elsewhere). A rank whose word does not hold G cannot see its slot
+ * recycled before this process's write lands: nobody else writes it (a dead
+ * process's queued work died with its context), so no G+1 exists until then.
  * Consumer lock held.
  */
-static int check_occupant(vmmt_consumer *c, const struct request *rq)
+static int check_occupant(vmmt_consumer *c, struct request *rq)
 {
     const struct slot_state *s = &rq->pool->slots[rq->d.slot];
     uint32_t gen = rq->d.generation, ready = 0;
     int st;
 
-    if (!rq->pool->host_table && ((s->generation != 0 && gen == s->generation) ||
-                                  gen == vmmt__next_generation(s->generation)))
+    if (!rq->pool->host_table && s->generation != 0 &&
+        (gen == s->generation || gen == vmmt__next_generation(s->generation)))
         return VMMT_OK;
-    st = load_ready(c, rq, &ready);
+    st = rq->pool->host_table ? load_ready(c, rq, &ready) : load_row(c, rq, &ready);
     if (st != VMMT_OK)
         return vmmt__wrap(st, "reading the ready word of slot %u to check generation %u",
                           rq->d.slot, gen);
@@ -263,15 +297,15 @@ static void done(vmmt_consumer *c, struct request *rq)
     vmmt__cache_unuse(c, rq->pool);
 }
 
-/* Read the ready word on the pool's own stream, within the deadline. */
-static int poll_once(const struct imported *ip, CUdeviceptr word, const struct timespec *until,
-                     int timeout_ms)
+/* Read `words` table words from `word` on the pool's own stream, within the deadline. */
+static int poll_words(const struct imported *ip, CUdeviceptr word, uint32_t words,
+                      const struct timespec *until, int timeout_ms)
 {
     const struct vmmt_drv *d = vmmt__drv();
     struct timespec pause = {0, 10000};
     CUresult r;
 
-    r = d->cuMemcpyDtoHAsync(ip->poll_word, word, sizeof *ip->poll_word, ip->poll_stream);
+    r = d->cuMemcpyDtoHAsync(ip->poll_word, word, 4u * words, ip->poll_stream);
     if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "reading the ready flag");
     for (;;) {
         r = d->cuStreamQuery(ip->poll_stream);
@@ -297,21 +331,27 @@ static int read_ready(struct imported *ip, const struct request *rq, CUdeviceptr
             vmmt__ctrl_load(ip->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4);
         return VMMT_OK;
     }
-    st = poll_once(ip, word, until, timeout_ms);
-    if (st == VMMT_OK) *v = *ip->poll_word;
+    st = poll_words(ip, word, 1, until, timeout_ms);
+    if (st == VMMT_OK) *v = ip->poll_word[0];
     return st;
 }
 
-/* The pool's own stream and pinned word for reading a device table's ready words; poll_lock held.
+/*
+ * The pool's own stream and pinned words for reading a device table's ready
+ * words; poll_lock held. Each is made only if missing: a failed
+ * cuMemAllocHost after the stream was created must not leave a pool that
+ * later reads think ready (the fault sweep caught reads into a NULL word).
  */
 static int open_poll(struct imported *ip)
 {
     const struct vmmt_drv *d = vmmt__drv();
     int st = VMMT_OK;
 
-    if (ip->host_table || ip->poll_stream != NULL) return VMMT_OK;
-    st = VMMT_CU(d, cuStreamCreate(&ip->poll_stream, CU_STREAM_NON_BLOCKING));
-    if (st == VMMT_OK) st = VMMT_CU(d, cuMemAllocHost((void **)&ip->poll_word, 4));
+    if (ip->host_table) return VMMT_OK;
+    if (ip->poll_stream == NULL)
+        st = VMMT_CU(d, cuStreamCreate(&ip->poll_stream, CU_STREAM_NON_BLOCKING));
+    if (st == VMMT_OK && ip->poll_word == NULL)
+        st = VMMT_CU(d, cuMemAllocHost((void **)&ip->poll_word, 4u * POLL_WORDS));
     return st;
 }
 
@@ -327,6 +367,33 @@ static int load_ready(vmmt_consumer *c, const struct request *rq, uint32_t *v)
     pthread_mutex_lock(&ip->poll_lock);
     st = open_poll(ip);
     if (st == VMMT_OK) st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, v);
+    pthread_mutex_unlock(&ip->poll_lock);
+    return st;
+}
+
+/*
+ * A device table: one read of the descriptor's ready word and of its ranks'
+ * acknowledgement words (check_occupant), noting in rq which ranks hold the
+ * generation already.
+ */
+static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready)
+{
+    struct imported *ip = rq->pool;
+    CUdeviceptr row = ip->table + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
+    uint32_t words = 1 + rq->first + rq->count;
+    struct timespec until;
+    int st;
+
+    vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
+    pthread_mutex_lock(&ip->poll_lock);
+    st = open_poll(ip);
+    if (st == VMMT_OK) st = poll_words(ip, row, words, &until, c->cfg.timeout_ms);
+    if (st == VMMT_OK) {
+        *ready = ip->poll_word[0];
+        for (uint32_t r = rq->first; r < rq->first + rq->count; r++)
+            if (ip->poll_word[1 + r] == rq->d.generation)
+                rq->acked_elsewhere[r / 64] |= 1ull << (r % 64);
+    }
     pthread_mutex_unlock(&ip->poll_lock);
     return st;
 }
@@ -491,6 +558,9 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
         return st;
     }
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
+        /* Acknowledged by another process of the rank: writing it again could land
+         * after this slot's next occupant was acknowledged (check_occupant). */
+        if (rq->acked_elsewhere[r / 64] & (1ull << (r % 64))) continue;
         CUresult res =
             d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
                                     rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);

@@ -37,6 +37,10 @@ struct slot_state {
      * this process copied out of the slot is not the producer's buffer. */
     int failed;
     uint64_t ranks_acked[VMMT__MAX_CONSUMERS / 64];
+    /* Ranks whose acknowledgement word already held the generation when this
+     * process first looked (another process of the rank wrote it): never
+     * written again, see check_occupant in consume.c. */
+    uint64_t acked_elsewhere[VMMT__MAX_CONSUMERS / 64];
     struct pack_group groups[PACK_GROUPS];
 };
 
@@ -72,7 +76,7 @@ struct imported {
     /* Host polling of ready words where a stream may not wait on them. */
     pthread_mutex_t poll_lock;
     CUstream poll_stream;
-    uint32_t *poll_word;
+    uint32_t *poll_word; /* pinned: a slot's ready word and its rank words (POLL_WORDS) */
     struct imported *next;
 };
 

@@ -32,6 +32,13 @@ struct vmmt__slot {
     uint8_t state;
     uint64_t slice_offset; /* relative to the data region, as the slab sees it */
     uint64_t slice_bytes;
+    /*
+     * Dead consumers (release.c): the occupant in flight when a consumer
+     * process's death was seen, and the ranks to release for it. Released
+     * only while the slot still holds that occupant; lock held.
+     */
+    uint32_t dead_gen;
+    uint64_t dead_ranks[VMMT_BROKER_RANK_WORDS];
 };
 
 struct vmmt_pool {
@@ -95,6 +102,8 @@ struct vmmt_pool {
     /* Ranks whose consumer died, for the recycler to release (release.c); lock held. */
     uint64_t dead_ranks[VMMT_BROKER_RANK_WORDS];
     pid_t dead_pid;
+    /* Per rank: when vmmt_pool_release_rank last released it (vmmt__now_ms); lock held. */
+    int64_t released_ms[VMMT_BROKER_MAX_RANKS];
     uint64_t rank_releases, released_slices;
     /* consumer_lease_ms: when the recycler first saw each slot's occupant in flight. */
     uint32_t *lease_gen;
@@ -149,11 +158,12 @@ void vmmt__host_pool_set_ready(struct vmmt_pool *p, uint32_t slot, uint32_t gen)
 
 /*
  * Dead consumers (release.c). The broker calls vmmt__pool_ranks_dead on its
- * thread; the recycler then calls vmmt__pool_release_pending, which
- * acknowledges on the dead ranks' behalf every slice in flight.
+ * thread, which notes the slices in flight then; the recycler then calls
+ * vmmt__pool_release_pending, which acknowledges on the dead ranks' behalf
+ * those of them still in flight (release.c says which are left out).
  */
 void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
-                           uid_t uid);
+                           uid_t uid, int64_t held_ms);
 void vmmt__pool_release_pending(struct vmmt_pool *p);
 
 /* consumer_lease_ms: release ranks no live link holds that sat on a slice too long (recycler). */

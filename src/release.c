@@ -42,22 +42,90 @@ static int has_rank(const uint64_t ranks[VMMT_BROKER_RANK_WORDS], uint32_t r)
     return (ranks[r / 64] >> (r % 64)) & 1;
 }
 
+/*
+ * The broker saw a consumer process die (on its thread). What the dead
+ * process could have held is what was in flight up to its death, so the
+ * slices in flight now are noted, each with its occupant's generation, and
+ * the recycler later releases only those that still hold that occupant: a
+ * late release must never acknowledge slices published since for a new
+ * process consuming as the same rank (defect 6 in docs/reliability.md: the
+ * release used to take every slice in flight when the recycler ran, and
+ * recycled a restarted rank's slices under it, wrong bytes with status OK).
+ * A rank that the engine released itself (vmmt_pool_release_rank) after
+ * this process took it is left out: that call released everything the
+ * process could hold, and what was published after it is the next
+ * process's. The window that remains, the death seen only after the engine
+ * restarted the rank and published for the new process without calling
+ * vmmt_pool_release_rank, is narrowed by the recycler skipping ranks that a
+ * live link holds again (vmmt__pool_release_pending).
+ */
 void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
-                           uid_t uid)
+                           uid_t uid, int64_t held_ms)
 {
     struct vmmt_pool *p = pool;
-    char list[256];
+    uint64_t todo[VMMT_BROKER_RANK_WORDS], skipped[VMMT_BROKER_RANK_WORDS] = {0};
+    char list[256], left[256];
+    int any = 0, any_skipped = 0;
 
-    vmmt__log(VMMT_LOG_WARN,
-              "consumer process pid %d (uid %u) died holding rank(s) %s of the pool; releasing "
-              "the slices they had not acknowledged",
-              (int)pid, (unsigned)uid, rank_list(ranks, list, sizeof list));
     pthread_mutex_lock(&p->lock);
+    memcpy(todo, ranks, sizeof todo);
+    for (uint32_t r = 0; r < VMMT_BROKER_MAX_RANKS; r++) {
+        if (!has_rank(todo, r) || p->released_ms[r] == 0 || p->released_ms[r] < held_ms) continue;
+        todo[r / 64] &= ~(1ull << (r % 64));
+        skipped[r / 64] |= 1ull << (r % 64);
+        any_skipped = 1;
+    }
     for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
-        p->dead_ranks[w] |= ranks[w];
-    p->dead_pid = pid;
+        any |= todo[w] != 0;
+    for (uint32_t i = 0; any && i < p->slots; i++) {
+        struct vmmt__slot *s = &p->slot[i];
+        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (s->dead_gen != s->generation) {
+            s->dead_gen = s->generation;
+            memset(s->dead_ranks, 0, sizeof s->dead_ranks);
+        }
+        for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+            s->dead_ranks[w] |= todo[w];
+    }
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+        p->dead_ranks[w] |= todo[w];
+    if (any) p->dead_pid = pid;
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
+    if (any)
+        vmmt__log(VMMT_LOG_WARN,
+                  "consumer process pid %d (uid %u) died holding rank(s) %s of the pool; "
+                  "releasing the slices in flight now that they had not acknowledged",
+                  (int)pid, (unsigned)uid, rank_list(todo, list, sizeof list));
+    if (any_skipped)
+        vmmt__log(VMMT_LOG_INFO,
+                  "consumer process pid %d (uid %u) died holding rank(s) %s, which "
+                  "vmmt_pool_release_rank released since it took them: nothing left to release",
+                  (int)pid, (unsigned)uid, rank_list(skipped, left, sizeof left));
+}
+
+/*
+ * The ranks to release for slot i: `ranks` for every occupant in flight
+ * (vmmt_pool_release_rank, the lease), or, with `noted`, those noted at a
+ * death for the occupant it still holds, less the ranks in `live` (held by
+ * a live link again: a new process of the rank consumes). Lock held.
+ */
+static int slot_ranks(struct vmmt_pool *p, uint32_t i, const uint64_t ranks[], int noted,
+                      const uint64_t live[], uint64_t out[])
+{
+    const struct vmmt__slot *s = &p->slot[i];
+    int any = 0;
+
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++) {
+        out[w] = 0;
+        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (!noted)
+            out[w] = ranks[w];
+        else if (s->dead_gen == s->generation)
+            out[w] = s->dead_ranks[w] & ~live[w];
+        any |= out[w] != 0;
+    }
+    return any;
 }
 
 /*
@@ -68,17 +136,19 @@ void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WOR
  * and any other value in the word is a predecessor's; the slot is still
  * recycled only once its ready word shows the generation too. Lock held.
  */
-static uint32_t release_host(struct vmmt_pool *p, const uint64_t ranks[])
+static uint32_t release_host(struct vmmt_pool *p, const uint64_t ranks[], int noted,
+                             const uint64_t live[])
 {
     uint32_t slices = 0;
 
     for (uint32_t i = 0; i < p->slots; i++) {
         const struct vmmt__slot *s = &p->slot[i];
+        uint64_t mine[VMMT_BROKER_RANK_WORDS];
         int any = 0;
-        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (!slot_ranks(p, i, ranks, noted, live, mine)) continue;
         for (uint32_t r = 0; r < (uint32_t)p->cfg.consumer_count; r++) {
             uint32_t *w = &p->table_host[vmmt__ctrl_ack(0, p->stride, i, r) / 4];
-            if (!has_rank(ranks, r) || vmmt__ctrl_load(w) == s->generation) continue;
+            if (!has_rank(mine, r) || vmmt__ctrl_load(w) == s->generation) continue;
             __atomic_store_n(w, s->generation, __ATOMIC_RELEASE);
             any = 1;
         }
@@ -91,7 +161,8 @@ static uint32_t release_host(struct vmmt_pool *p, const uint64_t ranks[])
  * A device table: read it, then write the missing words on the pool's stream.
  * reclaim_lock and lock are held, so no slot changes occupant meanwhile.
  */
-static int release_device(struct vmmt_pool *p, const uint64_t ranks[], uint32_t *slices)
+static int release_device(struct vmmt_pool *p, const uint64_t ranks[], int noted,
+                          const uint64_t live[], uint32_t *slices)
 {
     const struct vmmt_drv *d = vmmt__drv();
     int st = VMMT_OK;
@@ -99,11 +170,12 @@ static int release_device(struct vmmt_pool *p, const uint64_t ranks[], uint32_t 
     *slices = 0;
     for (uint32_t i = 0; i < p->slots && st == VMMT_OK; i++) {
         const struct vmmt__slot *s = &p->slot[i];
+        uint64_t mine[VMMT_BROKER_RANK_WORDS];
         int any = 0;
-        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (!slot_ranks(p, i, ranks, noted, live, mine)) continue;
         for (uint32_t r = 0; r < (uint32_t)p->cfg.consumer_count && st == VMMT_OK; r++) {
             uint64_t off = vmmt__ctrl_ack(0, p->stride, i, r);
-            if (!has_rank(ranks, r) || vmmt__ctrl_load(&p->table_host[off / 4]) == s->generation)
+            if (!has_rank(mine, r) || vmmt__ctrl_load(&p->table_host[off / 4]) == s->generation)
                 continue;
             st = VMMT_CU(d, cuStreamWriteValue32(p->stream, p->ctrl_dev + off, s->generation,
                                                  CU_STREAM_WRITE_VALUE_DEFAULT));
@@ -115,9 +187,13 @@ static int release_device(struct vmmt_pool *p, const uint64_t ranks[], uint32_t 
     return st;
 }
 
-/* Acknowledge for `ranks` every slice in flight; the caller is active or the recycler. */
-static int release_ranks(struct vmmt_pool *p, const uint64_t ranks[], const char *why)
+/*
+ * Acknowledge for `ranks` every slice in flight, or with `noted` only what
+ * a death noted (slot_ranks); the caller is active or the recycler.
+ */
+static int release_ranks(struct vmmt_pool *p, const uint64_t ranks[], int noted, const char *why)
 {
+    uint64_t live[VMMT_BROKER_RANK_WORDS] = {0};
     uint32_t slices = 0, nranks = 0;
     char list[256];
     int st = VMMT_OK;
@@ -129,10 +205,15 @@ static int release_ranks(struct vmmt_pool *p, const uint64_t ranks[], const char
     if (st == VMMT_OK && !p->host_table) st = vmmt__ctx_enter(p->device);
     if (st == VMMT_OK) {
         pthread_mutex_lock(&p->lock);
+        if (noted) vmmt__broker_live_ranks(p->broker, live);
         if (p->host_table)
-            slices = release_host(p, ranks);
+            slices = release_host(p, ranks, noted, live);
         else
-            st = release_device(p, ranks, &slices);
+            st = release_device(p, ranks, noted, live, &slices);
+        /* Done with, or no longer to be done: the noted ranks of these ranks. */
+        for (uint32_t i = 0; i < p->slots; i++)
+            for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
+                p->slot[i].dead_ranks[w] &= ~ranks[w];
         p->rank_releases += nranks;
         p->released_slices += slices;
         pthread_mutex_unlock(&p->lock);
@@ -187,7 +268,7 @@ void vmmt__pool_lease_check(struct vmmt_pool *p)
              "no live consumer process holds it, and it left a slice unacknowledged for more "
              "than consumer_lease_ms=%d",
              p->cfg.consumer_lease_ms);
-    if (release_ranks(p, stale, why) != VMMT_OK) vmmt__pool_quarantine(p);
+    if (release_ranks(p, stale, 0, why) != VMMT_OK) vmmt__pool_quarantine(p);
 }
 
 void vmmt__pool_release_pending(struct vmmt_pool *p)
@@ -203,7 +284,7 @@ void vmmt__pool_release_pending(struct vmmt_pool *p)
     pthread_mutex_unlock(&p->lock);
     for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
         any |= ranks[w] != 0;
-    if (any && release_ranks(p, ranks, why) != VMMT_OK) {
+    if (any && release_ranks(p, ranks, 1, why) != VMMT_OK) {
         /* The table could not be read or written: the device is in trouble. */
         vmmt__pool_quarantine(p);
     }
@@ -223,7 +304,12 @@ int vmmt_pool_release_rank(vmmt_pool *p, int rank)
     ranks[rank / 64] = 1ull << (rank % 64);
     st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_pool_release_rank");
-    st = release_ranks(p, ranks, "vmmt_pool_release_rank");
+    /* Before the release: a death of the rank's process seen from now on, by a
+     * broker running late, is known to be covered by it (vmmt__pool_ranks_dead). */
+    pthread_mutex_lock(&p->lock);
+    p->released_ms[rank] = vmmt__now_ms();
+    pthread_mutex_unlock(&p->lock);
+    st = release_ranks(p, ranks, 0, "vmmt_pool_release_rank");
     vmmt__pool_leave(p);
     /* The slices are free once the recycler next reads the table; do it now. */
     if (st == VMMT_OK) st = vmmt_pool_reclaim(p, NULL);

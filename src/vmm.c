@@ -221,6 +221,7 @@ int vmmt__mapping_release(struct vmmt__mapping *m)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUresult r;
+    int st = VMMT_OK;
 
     if (d == NULL) return vmmt_last_status();
     if (m->mapped) {
@@ -228,18 +229,43 @@ int vmmt__mapping_release(struct vmmt__mapping *m)
         if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "cuMemUnmap(size=%" PRIu64 ")", m->size);
         m->mapped = 0;
     }
+    /*
+     * Unmapped, the allocation and the address range are independent: a
+     * failed cuMemRelease must not keep the range too (at shutdown nothing
+     * retries, so each failure leaks only what it names). The first failure
+     * is returned; what stays held is logged, and a retry releases only that.
+     */
     if (m->have_handle) {
         r = d->cuMemRelease(m->handle);
-        if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "cuMemRelease");
-        m->have_handle = 0;
+        if (r != CUDA_SUCCESS) {
+            st = vmmt__cu_fail(r, "cuMemRelease");
+            vmmt__log(VMMT_LOG_WARN,
+                      "cuMemRelease failed (%s): the allocation of %" PRIu64
+                      " bytes stays held; freeing its address range anyway",
+                      vmmt__cu_name(r), m->size);
+        } else {
+            m->have_handle = 0;
+        }
     }
     if (m->reserved) {
         r = d->cuMemAddressFree(m->base, m->size);
-        if (r != CUDA_SUCCESS)
-            return vmmt__cu_fail(r, "cuMemAddressFree(size=%" PRIu64 ")", m->size);
-        m->reserved = 0;
+        if (r != CUDA_SUCCESS) {
+            struct vmmt__saved_error e;
+            if (st != VMMT_OK) vmmt__error_save(&e);
+            int fst = vmmt__cu_fail(r, "cuMemAddressFree(size=%" PRIu64 ")", m->size);
+            vmmt__log(VMMT_LOG_WARN,
+                      "cuMemAddressFree failed (%s): %" PRIu64
+                      " bytes of address range stay reserved",
+                      vmmt__cu_name(r), m->size);
+            if (st != VMMT_OK)
+                vmmt__error_restore(&e);
+            else
+                st = fst;
+        } else {
+            m->reserved = 0;
+        }
     }
-    return VMMT_OK;
+    return st;
 }
 
 int vmmt__export_posix_fd(CUmemGenericAllocationHandle handle, int *fd)

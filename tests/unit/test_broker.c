@@ -1079,10 +1079,12 @@ struct deaths {
     pid_t pid;
 };
 
-static void on_dead(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid, uid_t uid)
+static void on_dead(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid, uid_t uid,
+                    int64_t held_ms)
 {
     struct deaths *d = user;
     (void)uid;
+    (void)held_ms;
     pthread_mutex_lock(&d->lock);
     d->calls++;
     memcpy(d->ranks, ranks, sizeof d->ranks);
