@@ -460,7 +460,7 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
     tu_resources before;
     double end, next_kill;
     int status, failed = 0;
-    int fds_after, maps_after;
+    int fds_after, maps_after, exact;
 
     memset(&k, 0, sizeof k);
     k.nconsumers = nconsumers;
@@ -535,8 +535,9 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
            seconds, nconsumers, seed, k.published, k.packed, k.cancelled, k.consumed, k.dropped,
            k.full, k.kills, k.left_acked, k.wrong_bytes, k.failures, st.in_flight, st.recycled,
            before.fds, fds_after, before.maps, maps_after);
-    if (k.wrong_bytes || k.failures || st.in_flight != 0 || fds_after != before.fds ||
-        (maps_after != before.maps && !MAPS_GROW_ON_THEIR_OWN))
+    exact = strcmp(vmmt_driver_name(), "emu") == 0;
+    if (k.wrong_bytes || k.failures || st.in_flight != 0 || (exact && fds_after != before.fds) ||
+        (exact && maps_after != before.maps && !MAPS_GROW_ON_THEIR_OWN))
         failed = 1;
     d->cuMemFree(k.src);
     d->cuStreamDestroy(k.stream);
@@ -554,8 +555,12 @@ int main(int argc, char **argv)
     uint64_t seed = (uint64_t)time(NULL);
 
     setvbuf(stdout, NULL, _IOLBF, 0);
-    /* The checks use the emulator's counters: the soak runs there (consumers inherit it). */
-    setenv("VMMT_TEST_DRIVER", "emu", 1);
+    /* The emulator by default, whose live counters every consumer checks at
+     * exit; VMMT_TEST_DRIVER=cuda runs it on a GPU (tests/gpu/run), where
+     * those counters read 0 and the driver's own descriptors and mappings
+     * come and go, so there they are printed, not compared. Consumers
+     * inherit the choice. */
+    setenv("VMMT_TEST_DRIVER", "emu", 0);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--consumer") == 0 && i + 1 < argc)
             return consumer_main(atoi(argv[i + 1]));
