@@ -141,7 +141,9 @@ void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip)
                       g->producer_pid, vmmt_last_error());
         vmmt__error_restore(&e);
     }
-    vmmt__log(VMMT_LOG_WARN,
+    /* A producer that ends after every buffer it handed out landed is the
+     * normal end of a pool: worth a notice, not a warning. */
+    vmmt__log(failed ? VMMT_LOG_WARN : VMMT_LOG_INFO,
               "the producer (pid %d) of an imported pool has exited: %" PRIu32
               " descriptor(s) consumed here before their bytes were ready are marked failed "
               "(vmmt_consumer_check), new consumes fail, and the pool is let go once its "
