@@ -49,6 +49,15 @@ vmmt_pool_config config(uint64_t size, int consumers)
     return c;
 }
 
+vmmt_pool_config elastic_config(uint64_t max, uint32_t idle_ms)
+{
+    vmmt_pool_config c = config(max, 1);
+    c.elastic = 1;
+    c.chunk_size = POOLFIX_CHUNK;
+    c.idle_release_ms = idle_ms;
+    return c;
+}
+
 int pool_kind_elastic(void)
 {
     const char *k = getenv("VMMT_TEST_POOL_KIND");

@@ -31,6 +31,11 @@ void emu_fail(const char *spec);
  * is elastic (CTest runs the suites all three ways).
  */
 vmmt_pool_config config(uint64_t size, int consumers);
+
+/* An elastic pool of at most `max` bytes, one consumer, chunks of one emulator
+ * granularity unit (POOLFIX_CHUNK), given back after idle_ms. */
+#define POOLFIX_CHUNK (2 * MiB)
+vmmt_pool_config elastic_config(uint64_t max, uint32_t idle_ms);
 int pool_kind_host(void);
 int pool_kind_elastic(void);
 int pool_setup(void **state);

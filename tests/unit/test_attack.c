@@ -17,16 +17,7 @@
 #include "status.h"
 #include "testutil.h"
 
-#define CHUNK (2 * MiB) /* the emulator's granularity */
-
-static vmmt_pool_config elastic_config(uint64_t max, uint32_t idle_ms)
-{
-    vmmt_pool_config c = config(max, 1);
-    c.elastic = 1;
-    c.chunk_size = CHUNK;
-    c.idle_release_ms = idle_ms;
-    return c;
-}
+#define CHUNK POOLFIX_CHUNK
 
 /*
  * idle_release_ms was turned into microseconds in 32 bits: 4294968 ms (about
