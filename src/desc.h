@@ -74,6 +74,13 @@ void vmmt__desc_encode(const struct vmmt__desc *d, uint8_t out[VMMT_DESC_SIZE]);
  */
 int vmmt__desc_decode(const uint8_t in[VMMT_DESC_SIZE], struct vmmt__desc *d);
 
+/*
+ * The slot and generation of a record this process encoded itself (a
+ * publish's output), read without the checks of decode: for a publisher
+ * that tracks its own hand-offs. Never for records from elsewhere.
+ */
+void vmmt__desc_own_slot(const uint8_t in[VMMT_DESC_SIZE], uint32_t *slot, uint32_t *generation);
+
 /* The field checks of decode on a decoded form: VMMT_EPROTO, "corrupt" advice. */
 int vmmt__desc_validate(const struct vmmt__desc *d);
 

@@ -257,26 +257,53 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
 }
 
 /*
- * publish_tensor(owner, ptr, nbytes, code, bits, shape, location, stream)
- * -> Descriptor: publish_raw for one array of one lane, without the lists
- * (the hot path of Pool.publish for a PyTorch tensor).
+ * The bytes of a contiguous array of shape b->shape and dtype b->dtype (one
+ * lane), rounded up to a whole byte; 0, or -1 with ValueError for a
+ * negative extent or a size beyond 64 bits.
+ */
+static int contiguous_nbytes(vmmt_buffer *b)
+{
+    uint64_t bits = b->dtype.bits;
+
+    for (int d = 0; d < b->ndim; d++) {
+        uint64_t n = (uint64_t)b->shape[d];
+        if (b->shape[d] < 0) {
+            PyErr_Format(PyExc_ValueError, "shape[%d]=%lld is negative", d, (long long)b->shape[d]);
+            return -1;
+        }
+        if (n != 0 && bits > UINT64_MAX / n) {
+            PyErr_SetString(PyExc_ValueError, "the tensor's size does not fit in 64 bits");
+            return -1;
+        }
+        bits *= n;
+    }
+    b->nbytes = bits / 8 + (bits % 8 != 0);
+    return 0;
+}
+
+/*
+ * publish_tensor(owner, ptr, code, bits, shape, stream) -> Descriptor: one
+ * contiguous device array of one lane on the pool's device, its size taken
+ * from its shape; publish_raw without the lists (the hot path of
+ * Pool.publish for a PyTorch tensor).
  */
 static PyObject *pool_publish_tensor(PoolObject *self, PyObject *args)
 {
     PyObject *owner, *shape, *list, *one;
-    unsigned long long ptr, nbytes;
-    int code, bits, loc;
+    unsigned long long ptr;
+    int code, bits;
     void *stream = NULL;
     struct keep *k;
     vmmt_buffer *bufs;
 
-    if (!PyArg_ParseTuple(args, "OKKiiOiO&", &owner, &ptr, &nbytes, &code, &bits, &shape, &loc,
-                          vmmtpy_stream_conv, &stream))
+    if (!PyArg_ParseTuple(args, "OKiiOO&", &owner, &ptr, &code, &bits, &shape, vmmtpy_stream_conv,
+                          &stream))
         return NULL;
     if (check_open(self) != 0 || prepare(self, 1, &k, &bufs) != 0) return NULL;
     Py_INCREF(owner);
     k->owners = owner;
-    if (raw_fill(&bufs[0], ptr, nbytes, code, bits, 1, shape, loc) != 0) {
+    if (raw_fill(&bufs[0], ptr, 0, code, bits, 1, shape, VMMT_LOC_DEVICE) != 0 ||
+        contiguous_nbytes(&bufs[0]) != 0) {
         vmmtpy_keep_free(k);
         PyMem_Free(bufs);
         return NULL;
@@ -486,7 +513,7 @@ static PyMethodDef pool_methods[] = {
     {"publish_raw", (PyCFunction)pool_publish_raw, METH_VARARGS,
      "publish_raw(items, stream, none_when_full=False): the capsule-free fast path"},
     {"publish_tensor", (PyCFunction)pool_publish_tensor, METH_VARARGS,
-     "publish_tensor(owner, ptr, nbytes, code, bits, shape, location, stream) -> Descriptor"},
+     "publish_tensor(owner, ptr, code, bits, shape, stream) -> Descriptor"},
     {"cancel", (PyCFunction)pool_cancel, METH_O, "cancel(descriptor or reservation token bytes)"},
     {"reserve", (PyCFunction)pool_reserve, METH_VARARGS,
      "reserve(nbytes) -> (ptr, nbytes, location, token)"},

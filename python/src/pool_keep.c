@@ -255,14 +255,9 @@ int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *firs
         /* Shut down meanwhile by another thread: no proof outlives the pool, so wait now. */
         sync_stream(l, stream, &k);
     } else if (!l->uses_events) {
-        struct vmmt__desc dd;
-        if (vmmt__desc_decode(first->bytes, &dd) != VMMT_OK) {
-            vmmtpy_raise(vmmt_last_status());
-            return -1; /* cannot be tracked: the sources stay alive */
-        }
+        /* The publish just wrote this record: its fields need no checks. */
         k->by_ready = 1;
-        k->slot = dd.slot;
-        k->gen = dd.generation;
+        vmmt__desc_own_slot(first->bytes, &k->slot, &k->gen);
         /* A synchronous hand-off, or a host pool's CPU copy, has landed already. */
         if (!landed(l, k)) goto keep;
     } else if (record_done(l, stream, &k->done) == VMMT_OK) {

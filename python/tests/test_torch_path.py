@@ -16,15 +16,17 @@ class FakeDtype:
 
 
 FLOAT32 = FakeDtype("float32")
+COMPLEX64 = FakeDtype("complex64")
 STRIDED = object()
 
 
 class FakeTensor:
     """What the hot path reads of a torch.Tensor, over emulated device memory."""
 
-    def __init__(self, buf, shape, contiguous=True):
+    def __init__(self, buf, shape, contiguous=True, dtype=FLOAT32, conj=False, neg=False):
         self.buf, self.shape, self._contiguous = buf, tuple(shape), contiguous
-        self.is_cuda, self.layout, self.dtype = True, STRIDED, FLOAT32
+        self.is_cuda, self.layout, self.dtype = True, STRIDED, dtype
+        self._conj, self._neg = conj, neg
 
     @property
     def nbytes(self):
@@ -34,10 +36,10 @@ class FakeTensor:
         return self._contiguous
 
     def is_conj(self):
-        return False
+        return self._conj
 
     def is_neg(self):
-        return False
+        return self._neg
 
     def get_device(self):
         return 0
@@ -60,7 +62,8 @@ def fake_torch(calls):
         calls.append(device)
         return 0
 
-    return types.SimpleNamespace(Tensor=FakeTensor, strided=STRIDED, float32=FLOAT32, cuda=cuda,
+    return types.SimpleNamespace(Tensor=FakeTensor, strided=STRIDED, float32=FLOAT32,
+                                 complex64=COMPLEX64, cuda=cuda,
                                  _C=types.SimpleNamespace(_cuda_getCurrentRawStream=raw_stream))
 
 
@@ -104,8 +107,28 @@ def test_publish_hot_path_declines(no_leaks, torch_path):
     with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
         src = device_array(consumer, pool, np.arange(4, dtype=np.float32))
         for t, stream in ((FakeTensor(src, (4,), contiguous=False), None),
-                          (FakeTensor(src, (4,)), 0)):
+                          (FakeTensor(src, (4,)), 0),
+                          # Lazy conjugate or negative views: their bytes are not the values.
+                          (FakeTensor(src, (2,), dtype=COMPLEX64, conj=True), None),
+                          (FakeTensor(src, (4,), neg=True), None)):
             with pytest.raises((TypeError, AttributeError)):
                 pool.publish(t, stream=stream)
         assert pool.stats()["published"] == 1
+        pool.drain(5000)
+
+
+def test_publish_tensor_size_from_shape(no_leaks, torch_path):
+    # The hot path takes the size from the shape: a complex tensor (not
+    # conjugated) is 8 bytes an element, and an extent that is negative or a
+    # size beyond 64 bits is refused before anything is reserved.
+    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        src = device_array(consumer, pool, np.arange(8, dtype=np.float32))
+        d = pool.publish(FakeTensor(src, (2, 2), dtype=COMPLEX64))
+        assert d.nbytes == 32 and d.shape == (2, 2)
+        got = np.from_dlpack(consumer.consume(d))
+        assert np.array_equal(got.view(np.float32).ravel(), np.arange(8, dtype=np.float32))
+        for shape, what in (((4, -1), "negative"), ((1 << 40, 1 << 40), "64 bits")):
+            with pytest.raises(ValueError, match=what):
+                pool._pool.publish_tensor(src, src.ptr, 2, 32, shape, 0)
+        assert pool.stats()["published"] == 2
         pool.drain(5000)

@@ -28,6 +28,29 @@ def skip(reason):
     raise Skip(reason)
 
 
+def need_real_driver(library, reason):
+    """Skip unless `library` imported (not None) and vmmt runs on the real driver."""
+    if library is None:
+        skip(reason)
+    import vmmt
+    try:
+        driver = vmmt.driver_name()
+    except vmmt.Error as e:
+        skip("no driver: %s" % e)
+    if driver != "cuda":
+        skip("needs the real driver (VMMT_DRIVER=cuda)")
+
+
+def roundtrip_views(pool, consumer, arrays, from_dlpack, equal):
+    """Each 3-d array, a strided view and a transposed view of it through
+    publish and consume on device 0: same dtype, shape and values."""
+    for a in arrays:
+        for view in (a, a[:, ::2], a.transpose(2, 1, 0)):
+            x = from_dlpack(consumer.consume(pool.publish(view), device=0))
+            assert x.dtype == view.dtype and x.shape == view.shape
+            assert equal(x, view)
+
+
 def run_module(module):
     """A minimal runner: every test_* function, in order; exit status 1 on a failure."""
     names = [n for n in sorted(vars(module)) if n.startswith("test_")]

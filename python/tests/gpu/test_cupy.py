@@ -1,5 +1,5 @@
 """The binding with CuPy on a real GPU."""
-from gpu_common import run_module, skip
+from gpu_common import need_real_driver, roundtrip_views, run_module
 
 try:
     import cupy
@@ -10,25 +10,16 @@ import vmmt
 
 
 def need_cupy():
-    if cupy is None:
-        skip("needs CuPy")
-    try:
-        driver = vmmt.driver_name()
-    except vmmt.Error as e:
-        skip("no driver: %s" % e)
-    if driver != "cuda":
-        skip("needs the real driver")
+    need_real_driver(cupy, "needs CuPy")
 
 
 def test_cupy_roundtrip_and_streams():
     need_cupy()
     with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
-        for dtype in (cupy.float32, cupy.int64, cupy.float16, cupy.uint8):
-            a = (cupy.arange(6 * 7 * 5) % 251).astype(dtype).reshape(6, 7, 5)
-            for view in (a, a[:, ::2], a.transpose(2, 1, 0)):
-                x = cupy.from_dlpack(consumer.consume(pool.publish(view), device=0))
-                assert x.dtype == view.dtype and x.shape == view.shape
-                assert bool((x == view).all())
+        arrays = [(cupy.arange(6 * 7 * 5) % 251).astype(dtype).reshape(6, 7, 5)
+                  for dtype in (cupy.float32, cupy.int64, cupy.float16, cupy.uint8)]
+        roundtrip_views(pool, consumer, arrays, cupy.from_dlpack,
+                        lambda x, y: bool((x == y).all()))
         s = cupy.cuda.Stream(non_blocking=True)
         with s:
             a = cupy.full((1 << 16,), 3, dtype=cupy.float32)

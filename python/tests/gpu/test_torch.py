@@ -4,7 +4,7 @@ current-stream default (a busy consumer stream shows that nothing waits on
 the host); a producer and two consumers in torch.multiprocessing spawn."""
 import time
 
-from gpu_common import run_module, skip
+from gpu_common import need_real_driver, run_module, skip
 
 try:
     import torch
@@ -17,14 +17,8 @@ DTYPES = ("float32", "bfloat16", "int64")
 
 
 def need_gpu():
-    if torch is None or not torch.cuda.is_available():
-        skip("needs PyTorch with CUDA")
-    try:
-        driver = vmmt.driver_name()
-    except vmmt.Error as e:
-        skip("no driver: %s" % e)
-    if driver != "cuda":
-        skip("needs the real driver (VMMT_DRIVER=cuda)")
+    need_real_driver(torch if torch is not None and torch.cuda.is_available() else None,
+                     "needs PyTorch with CUDA")
 
 
 def make(shape, dtype, device="cuda", seed=0):
