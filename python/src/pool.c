@@ -6,6 +6,7 @@
  * (pool_keep.c); the arguments (pool_config.c) and the stats (pool_stats.c)
  * have files of their own.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "pool_keep.h"
@@ -183,17 +184,32 @@ static PyObject *pool_publish(PoolObject *self, PyObject *args)
     return publish_taken(self, k, bufs, n, stream, none_when_full);
 }
 
-/* One raw item into b: shape is any sequence of ints. 0, or -1 with an error set. */
+/*
+ * One raw item into b: shape is any sequence of ints. 0, or -1 with an error
+ * set. The length and the dtype's fields are checked before they are
+ * narrowed: a cast alone turned a length of 2**32 + 1 into one dimension and
+ * bits=288 into 32.
+ */
 static int raw_fill(vmmt_buffer *b, unsigned long long ptr, unsigned long long nbytes, int code,
                     int bits, int lanes, PyObject *shape, int loc)
 {
-    b->ndim = (int)PySequence_Size(shape);
-    if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "tensor has %d dimensions; vmmt carries at most %d",
-                         b->ndim, VMMT_MAX_DIMS);
+    Py_ssize_t ndim = PySequence_Size(shape);
+
+    if (ndim < 0) return -1;
+    if (ndim > VMMT_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "tensor has %zd dimensions; vmmt carries at most %d", ndim,
+                     VMMT_MAX_DIMS);
         return -1;
     }
+    if (code < 0 || code > UINT8_MAX || bits < 0 || bits > UINT8_MAX || lanes < 0 ||
+        lanes > UINT16_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "dtype (code %d, bits %d, lanes %d) does not fit DLPack's fields (code and "
+                     "bits 0..255, lanes 0..65535)",
+                     code, bits, lanes);
+        return -1;
+    }
+    b->ndim = (int)ndim;
     for (int d = 0; d < b->ndim; d++) {
         PyObject *v = PySequence_GetItem(shape, d);
         b->shape[d] = v ? PyLong_AsLongLong(v) : -1;

@@ -10,6 +10,7 @@ object that ``torch.from_dlpack`` (or ``cupy.from_dlpack``,
 The C core is ``vmmt._vmmt``; this module resolves streams and devices, makes
 arrays contiguous, and gives descriptors a Python face.
 """
+import operator
 import sys
 
 from . import _vmmt
@@ -224,6 +225,27 @@ def _capsule(array, stream):
 
 
 _PRE_DLPACK_1 = set()
+
+
+def _out_capsule(out, kind, stream):
+    """The capsule of an array to be written (consume's out=): versioned where
+    the library can, since only DLPack 1.0 can say "read-only"; a refusal to
+    export (NumPy's for a read-only array) is a bad `out`, a ValueError."""
+    kwargs = {"stream": stream if stream else 1} if kind in _DL_CUDA_TYPES else {}
+    try:
+        if type(out) not in _PRE_DLPACK_1:
+            try:
+                return out.__dlpack__(max_version=(1, 0), **kwargs)
+            except TypeError:  # a library older than DLPack 1.0
+                _PRE_DLPACK_1.add(type(out))
+        return out.__dlpack__(**kwargs)
+    except BufferError as e:
+        raise ValueError("out cannot be written through DLPack: %s" % e) from e
+
+
+def _other_device(array_device, device):
+    return ValueError("out is on CUDA device %d but device=%d; leave device out, or pass an out "
+                      "on that device" % (array_device, device))
 
 
 def _torch_items(arrays, device):
@@ -556,17 +578,30 @@ class Reservation:
 
 # ---------------------------------------------------------------- consumer
 
+def _rank(value, ranks):
+    """One rank as an int: an int or anything with __index__ (numpy.int64),
+    never a bool (ranks=True would be rank 1)."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError("ranks=%r: give a rank (an int 0..), consecutive ranks, or None for all"
+                    % (ranks,))
+
+
 def _ranks(ranks):
     """(rank_first, rank_count) from None (all), an int, or consecutive ints."""
     if ranks is None:
         return ALL_RANKS, 0
     # A negative first rank would reach the C API as VMMT_ALL_RANKS (-1) and
     # acknowledge every rank of the pool: refused here.
-    if isinstance(ranks, int):
-        if ranks < 0:
-            raise ValueError("ranks=%d is negative; give a rank 0.. or None for all" % ranks)
-        return ranks, 1
-    ranks = list(ranks)
+    if not hasattr(ranks, "__iter__"):
+        first = _rank(ranks, ranks)
+        if first < 0:
+            raise ValueError("ranks=%d is negative; give a rank 0.. or None for all" % first)
+        return first, 1
+    ranks = [_rank(r, ranks) for r in ranks]
     if not ranks or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
         raise ValueError("ranks must be None, an int, or consecutive ints (a range); got %r"
                          % (ranks,))
@@ -626,16 +661,28 @@ class Consumer:
         t = _TORCH or _torch()
         if t and stream is None and type(out) is t.Tensor and out.is_cuda:
             dev = out.get_device()
-            if device in (None, dev) and out.is_contiguous():
+            if device not in (None, dev):
+                raise _other_device(dev, device)
+            if out.is_contiguous():
+                # Bytes written under a lazy conjugate or negative view read
+                # back conjugated or negated (its DLPack export is refused too).
+                if out.is_neg() or out.is_conj():
+                    raise ValueError("out is a conjugate or negative view (is_conj()/is_neg()): "
+                                     "the bytes would read back changed; pass a tensor without "
+                                     "the bit (resolve_conj(), resolve_neg())")
                 # The current stream is the tensor's own: nothing to order, no DLPack needed.
                 self._c.consume_into(raw, dev, out.data_ptr(), out.numel() * out.element_size(),
                                      t.raw_stream(dev), first, count)
                 return out
         kind, dev_id = out.__dlpack_device__()
+        if kind in _DL_CUDA_TYPES and device not in (None, dev_id):
+            # The copy would run on `device`'s stream, ordered before nothing
+            # that the array's own device runs.
+            raise _other_device(dev_id, device)
         if device is None:
             device = dev_id if kind in _DL_CUDA_TYPES else _default_device()
         s = _resolve_stream(stream, device, out)
-        cap = out.__dlpack__(stream=(s or 1)) if kind in _DL_CUDA_TYPES else out.__dlpack__()
+        cap = _out_capsule(out, kind, s)
         ptr, nbytes, _, _, readonly = _vmmt.capsule_info(cap)
         if readonly:
             raise ValueError("out is read-only")
