@@ -121,6 +121,18 @@ static PyObject *publish_taken(PoolObject *self, struct keep *k, vmmt_buffer *bu
     /* The copy is on `stream`: its sources stay until it is proven done. */
     if (vmmtpy_kept_add(&self->kept, k, &descs[0], stream) != 0) Py_CLEAR(out);
     k = NULL;
+    if (out == NULL) {
+        /*
+         * Published, but the caller gets an exception instead of the
+         * descriptors: no consumer will ever acknowledge them, so take them
+         * back (the recycler frees the slice once its copy shows done).
+         */
+        struct vmmt__saved_error e;
+        vmmt__error_save(&e);
+        if (vmmt_cancel(self->pool, &descs[0]) != VMMT_OK)
+            vmmt__log(VMMT_LOG_WARN, "cancelling a publish that raised: %s", vmmt_last_error());
+        vmmt__error_restore(&e);
+    }
 out:
     vmmtpy_keep_free(k);
     PyMem_Free(bufs);

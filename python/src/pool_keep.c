@@ -236,21 +236,28 @@ void vmmtpy_kept_shut(struct vmmtpy_kept *l)
     l->shut = 1;
 }
 
+/*
+ * Only a finished synchronize proves the copy done; else the sources stay
+ * alive (*k = NULL). Without the GIL: the stream may wait for work that
+ * another Python thread has yet to enqueue or release, and every other
+ * thread would stop for the copy meanwhile. k is in no list, so no other
+ * thread can see it.
+ */
 static void sync_stream(struct vmmtpy_kept *l, void *stream, struct keep **k)
 {
-    /* Only a finished synchronize proves the copy done; else the sources stay alive. */
-    if (vmmt__ctx_enter(l->device) != VMMT_OK) {
-        *k = NULL;
-        return;
+    int done = 0;
+
+    Py_BEGIN_ALLOW_THREADS;
+    if (vmmt__ctx_enter(l->device) == VMMT_OK) {
+        done = vmmt__drv()->cuStreamSynchronize((CUstream)stream) == CUDA_SUCCESS;
+        vmmt__ctx_leave();
     }
-    if (vmmt__drv()->cuStreamSynchronize((CUstream)stream) != CUDA_SUCCESS) *k = NULL;
-    vmmt__ctx_leave();
+    Py_END_ALLOW_THREADS;
+    if (!done) *k = NULL;
 }
 
 int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *first, void *stream)
 {
-    int rc = 0;
-
     if (l->shut) {
         /* Shut down meanwhile by another thread: no proof outlives the pool, so wait now. */
         sync_stream(l, stream, &k);
@@ -263,13 +270,25 @@ int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *firs
     } else if (record_done(l, stream, &k->done) == VMMT_OK) {
         goto keep;
     } else {
-        /* Without an event the only safe point is after a synchronize. */
-        vmmtpy_raise(vmmt_last_status());
+        /*
+         * Without an event the only safe point is after a synchronize, which
+         * proves the copy done as well: then the publish stands (raising
+         * would lose a descriptor already published, its slice in flight
+         * until shutdown). Only a failed synchronize is an error.
+         */
+        struct vmmt__saved_error e;
+        vmmt__error_save(&e);
         sync_stream(l, stream, &k);
-        rc = -1;
+        vmmt__error_restore(&e);
+        if (k == NULL) {
+            vmmtpy_raise(vmmt_last_status());
+            return -1;
+        }
+        vmmt__log(VMMT_LOG_WARN, "%s; the publish synchronized its stream instead",
+                  vmmt_last_error());
     }
     vmmtpy_keep_free(k);
-    return rc;
+    return 0;
 keep:
     *l->tail = k;
     l->tail = &k->next;

@@ -43,9 +43,10 @@ void vmmtpy_keep_free(struct keep *k);
 /*
  * Keep k until the copy of the publish whose first descriptor is `first`,
  * enqueued on `stream`, is proven done; or give it back now if it has landed
- * already. k is the list's (or freed) after the call, whatever the outcome;
- * on failure (-1, error set) its sources stay alive unless a synchronize
- * proved the copy done.
+ * already. k is the list's (or freed) after the call, whatever the outcome.
+ * Where no event can be recorded, a synchronize of `stream` (without the
+ * GIL) proves the copy done instead; -1 (error set) only when that fails
+ * too, and then the sources stay alive. May release the GIL.
  */
 int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *first, void *stream);
 

@@ -1,0 +1,101 @@
+"""pool_keep.c's fallback proof: where no event can be recorded after a
+publish (or the pool was shut down meanwhile), the publish synchronizes its
+stream before it gives the sources back. Run in a child process: it
+reconfigures the emulated driver to fail cuEventRecord."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import vmmt
+
+_PATHS = [os.path.dirname(os.path.dirname(os.path.abspath(vmmt.__file__))),
+          os.path.dirname(os.path.abspath(__file__))]
+
+
+def test_failed_event_synchronizes_without_the_gil_and_publishes():
+    """Attack finding: when cuEventRecord failed after a publish (a pool with
+    a device control table proves copies by events), the binding synchronized
+    the stream holding the GIL, so a Python thread that would let the stream
+    go on could not run (here the emulator's 10 s wait timeout ended it; on a
+    GPU nothing would), and then it raised although the synchronize had proven
+    the copy done, losing a descriptor that was published: its slice stayed in
+    flight until shutdown. Failed before the fix: the publish took 10 s and
+    raised vmmt.Error."""
+    script = textwrap.dedent("""
+        import os, sys, threading, time
+        sys.path[:0] = %r
+        import numpy as np, vmmt, emu_counters
+        with vmmt.Pool(0, 4 << 20, 1, device_control_table=True) as pool, \\
+                vmmt.Consumer() as consumer:
+            src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
+            src.synchronize()
+            os.environ["VMMT_EMU_FAIL"] = "cuEventRecord:*:CUDA_ERROR_UNKNOWN"
+            emu_counters._LIB.vmmt__emu_configure()
+            with emu_counters.StalledStream(0) as stalled:
+                def release():
+                    time.sleep(0.3)
+                    stalled.release()
+                th = threading.Thread(target=release)
+                th.start()
+                t0 = time.monotonic()
+                try:
+                    d = pool._pool.publish_tensor(src, src.ptr, 2, 32, (8,), stalled.handle)
+                finally:
+                    took = time.monotonic() - t0
+                    th.join()
+            os.environ["VMMT_EMU_FAIL"] = ""
+            emu_counters._LIB.vmmt__emu_configure()
+            assert pool._pool.pending() == 0  # proven done by the synchronize
+            got = np.from_dlpack(consumer.consume(d))
+            assert (got == np.arange(8, dtype=np.float32)).all(), got
+            pool.drain(5000)
+            print("took %%.2f" %% took)
+        del src, got
+        import gc; gc.collect()
+        assert all(v == 0 for v in emu_counters.live().values()), emu_counters.live()
+    """ % (_PATHS,))
+    env = dict(os.environ, VMMT_EMU_WAIT_TIMEOUT_MS="10000")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    took = float(out.stdout.split("took ")[1])
+    assert took < 5, "the publish held the GIL while it synchronized: %.2f s" % took
+
+
+def test_publish_that_raises_after_publishing_takes_its_descriptor_back():
+    """Attack finding: when neither an event nor a synchronize could prove a
+    publish's copy done, publish raised after the library had published, and
+    the descriptor nobody would ever see kept its slice in flight until
+    shutdown (drain timed out). Failed before the fix: drain raised
+    vmmt.Timeout. Now the publish is cancelled: the slice comes back once its
+    copy shows done. (The sources stay alive for good: nothing proved the
+    copy done.)"""
+    script = textwrap.dedent("""
+        import os, sys
+        sys.path[:0] = %r
+        import numpy as np, vmmt, emu_counters
+        with vmmt.Pool(0, 4 << 20, 1, device_control_table=True) as pool, \\
+                vmmt.Consumer() as consumer:
+            src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
+            src.synchronize()
+            os.environ["VMMT_EMU_FAIL"] = ("cuEventRecord:*:CUDA_ERROR_UNKNOWN,"
+                                           "cuStreamSynchronize:*:CUDA_ERROR_UNKNOWN")
+            emu_counters._LIB.vmmt__emu_configure()
+            try:
+                pool._pool.publish_tensor(src, src.ptr, 2, 32, (8,), 0)
+                raise SystemExit("published without a proof")
+            except vmmt.Error as e:
+                assert "cuEventRecord" in str(e), e
+            finally:
+                os.environ["VMMT_EMU_FAIL"] = ""
+                emu_counters._LIB.vmmt__emu_configure()
+            assert pool._pool.pending() == 0  # kept for good, outside the list
+            pool.drain(2000)
+            s = pool.stats()
+            assert s["in_flight"] == 0 and s["cancelled"] == 1, s
+            print("ok")
+    """ % (_PATHS,))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
