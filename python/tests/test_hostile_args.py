@@ -184,3 +184,36 @@ def test_ranks_bool_refused_and_index_ints_taken(no_leaks):
         consumer.ack(d, ranks=np.arange(2))
         pool.drain(5000)
         assert pool.stats()["recycled"] == 2
+
+
+class NoShapeExporter:
+    """A buggy exporter: a 1-d host tensor whose shape pointer is NULL."""
+
+    def __init__(self, a):
+        self.a = a
+        self.m = _ManagedVersioned(major=1, minor=0, flags=0)
+        t = self.m.dl_tensor
+        t.data, t.device_type, t.device_id, t.ndim = a.ctypes.data, 1, 0, 1
+        t.code, t.bits, t.lanes = 2, 32, 1
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        return _capsule_new(ctypes.addressof(self.m), _VERSIONED, None)
+
+
+def test_capsule_without_shape_refused(no_leaks):
+    """Attack finding: a capsule with ndim > 0 and a NULL shape (a buggy
+    exporter) was read through the NULL pointer by publish and consume(out=).
+    Failed before the fix: the interpreter died of SIGSEGV."""
+    a = np.arange(4, dtype=np.float32)
+    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        with pytest.raises(ValueError, match="shape"):
+            pool.publish(NoShapeExporter(a))
+        d = pool.publish(a)
+        with pytest.raises(ValueError, match="shape"):
+            consumer.consume(d, out=NoShapeExporter(np.zeros(4, np.float32)))
+        consumer.ack(d)
+        pool.drain(5000)
+        assert pool.stats()["published"] == 1
