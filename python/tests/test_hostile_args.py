@@ -217,3 +217,12 @@ def test_capsule_without_shape_refused(no_leaks):
         consumer.ack(d)
         pool.drain(5000)
         assert pool.stats()["published"] == 1
+
+
+def test_buffer_cannot_be_made_directly():
+    """Attack finding: vmmt.Buffer() (the type inherited object's tp_new)
+    made a Buffer over address 0 with no dtype, which exported a NULL tensor
+    and freed address 0 when dropped. Failed before the fix: it was made."""
+    for make in (vmmt.Buffer, lambda: vmmt.Buffer.__new__(vmmt.Buffer)):
+        with pytest.raises(TypeError, match="consume"):
+            make()
