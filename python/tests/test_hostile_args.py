@@ -226,3 +226,25 @@ def test_buffer_cannot_be_made_directly():
     for make in (vmmt.Buffer, lambda: vmmt.Buffer.__new__(vmmt.Buffer)):
         with pytest.raises(TypeError, match="consume"):
             make()
+
+
+def test_reservation_views_refused_once_it_ends(no_leaks):
+    """Attack finding: Reservation.__dlpack__ still exported the slice after
+    commit or cancel (memoryview() refused), so from_dlpack gave a writable
+    view of a published (or recycled) slice; and neither refused after the
+    pool's close, when the slice is unmapped (a write there killed the
+    process). Failed before the fix: from_dlpack(r) after commit returned an
+    array."""
+    with vmmt.Consumer() as consumer:
+        with vmmt.Pool(0, 4 << 20, 1) as pool:
+            r = pool.reserve(16)
+            np.frombuffer(r.memoryview(), np.uint8)[:] = 7
+            d = pool.commit(r)
+            for view in (np.from_dlpack, lambda r: r.memoryview()):
+                with pytest.raises(ValueError, match="committed or cancelled"):
+                    view(r)
+            assert (np.from_dlpack(consumer.consume(d)) == 7).all()
+            open_one = pool.reserve(16)
+        for view in (np.from_dlpack, lambda r: r.memoryview()):
+            with pytest.raises(ValueError, match="closed"):
+                view(open_one)

@@ -555,7 +555,16 @@ class Reservation:
             raise ValueError("this reservation was already committed or cancelled")
         self._done = True
 
+    def _check_live(self):
+        """Views are valid until commit, cancel or close: none is made after."""
+        if self._done:
+            raise ValueError("this reservation was already committed or cancelled; its slice "
+                             "is the consumers' now")
+        if self._pool.closed:
+            raise ValueError("the pool is closed: its reservations' slices are gone")
+
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        self._check_live()
         return self._view.__dlpack__(stream, max_version=max_version, dl_device=dl_device,
                                      copy=copy)
 
@@ -567,8 +576,7 @@ class Reservation:
         if self._location != 1 and not _on_emu():
             raise ValueError("a device pool's slice is device memory: use from_dlpack with a "
                              "CUDA library, or write it with a kernel")
-        if self._done:
-            raise ValueError("this reservation was already committed or cancelled")
+        self._check_live()
         return _vmmt.host_memoryview(self.ptr, self.nbytes)
 
     def __repr__(self):
