@@ -248,3 +248,21 @@ def test_reservation_views_refused_once_it_ends(no_leaks):
         for view in (np.from_dlpack, lambda r: r.memoryview()):
             with pytest.raises(ValueError, match="closed"):
                 view(open_one)
+
+
+def test_commit_takes_numpy_scalar_types(no_leaks):
+    """Careless-user finding: commit(r, np.float32, shape) (NumPy's scalar
+    type, which NumPy takes wherever a dtype goes) raised "dtype <class
+    'numpy.float32'> is not one vmmt carries". Failed before the fix."""
+    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        for dtype, name in ((np.float32, "float32"), (np.int64, "int64"), (np.bool_, "bool"),
+                            (np.dtype(np.uint8), "uint8")):
+            r = pool.reserve(64)
+            np.frombuffer(r.memoryview(), np.uint8)[:] = 1
+            d = pool.commit(r, dtype, (2,))
+            assert d.dtype == name and d.shape == (2,)
+            out = np.zeros(d.nbytes, np.uint8)  # NumPy 1.x has no DLPack bool
+            assert (consumer.consume(d, out=out) == 1).all()
+        with pytest.raises(ValueError, match="dtype"):
+            pool.commit(pool.reserve(64), float, (2,))  # ambiguous: not taken
+        pool.drain(5000)

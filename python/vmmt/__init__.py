@@ -451,8 +451,8 @@ class Pool:
     def commit(self, reservation, dtype=None, shape=None, *, like=None, stream=None):
         """Publish a filled reservation (vmmt_commit) -> Descriptor.
 
-        dtype (a name such as "float32", or a NumPy/PyTorch dtype) and shape
-        describe its first bytes; or ``like=array`` takes both from an array;
+        dtype (a name such as "float32", a NumPy/PyTorch dtype or a NumPy
+        scalar type) and shape describe its first bytes; or ``like=array`` takes both from an array;
         neither: all reserved bytes, untyped. stream: what wrote the slice
         (default: the current stream for a device pool; for a host pool the
         CPU wrote it, and a stream given is synchronized first).
@@ -520,8 +520,11 @@ _DL_BY_NAME = {name: dl for dl, name in _DTYPE_NAMES.items()}
 
 def _dl_dtype(dtype):
     """DLPack (code, bits) of a dtype name, a NumPy dtype or a PyTorch dtype."""
-    name = str(dtype)
-    name = name[len("torch."):] if name.startswith("torch.") else name
+    if isinstance(dtype, type) and dtype.__module__ == "numpy":
+        name = dtype.__name__.rstrip("_")  # a scalar type (numpy.float32, numpy.bool_)
+    else:
+        name = str(dtype)
+        name = name[len("torch."):] if name.startswith("torch.") else name
     dl = _DL_BY_NAME.get(name)
     if dl is None:
         raise ValueError("dtype %r is not one vmmt carries; use one of %s"
