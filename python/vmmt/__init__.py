@@ -454,9 +454,9 @@ class Pool:
         dtype (a name such as "float32", a NumPy/PyTorch dtype or a NumPy
         scalar type) and shape describe its first bytes; or ``like=array``
         takes both from an array; neither: all reserved bytes, untyped.
-        stream: what wrote the slice
-        (default: the current stream for a device pool; for a host pool the
-        CPU wrote it, and a stream given is synchronized first).
+        stream: what wrote the slice (default: the current stream for a
+        device pool; for a host pool the CPU wrote it, and a stream given is
+        synchronized first).
         """
         if not isinstance(reservation, Reservation) or reservation._pool is not self:
             raise TypeError("commit takes a Reservation of this pool")
