@@ -12,6 +12,30 @@ import vmmt
 _PATHS = [os.path.dirname(os.path.dirname(os.path.abspath(vmmt.__file__))),
           os.path.dirname(os.path.abspath(__file__))]
 
+# The child's start: a pool that proves copies by events (a device control
+# table), a consumer, a device source, and a switch for driver failures.
+_PRELUDE = """
+import gc, os, sys, threading, time
+sys.path[:0] = %r
+import numpy as np, vmmt, emu_counters
+
+def emu_fail(rules):
+    os.environ["VMMT_EMU_FAIL"] = rules
+    emu_counters._LIB.vmmt__emu_configure()
+
+pool = vmmt.Pool(0, 4 << 20, 1, device_control_table=True)
+consumer = vmmt.Consumer()
+src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
+src.synchronize()
+""" % (_PATHS,)
+
+
+def run_child(body, **env):
+    out = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body)],
+                         capture_output=True, text=True, timeout=60, env=dict(os.environ, **env))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
 
 def test_failed_event_synchronizes_without_the_gil_and_publishes():
     """Attack finding: when cuEventRecord failed after a publish (a pool with
@@ -22,44 +46,33 @@ def test_failed_event_synchronizes_without_the_gil_and_publishes():
     the copy done, losing a descriptor that was published: its slice stayed in
     flight until shutdown. Failed before the fix: the publish took 10 s and
     raised vmmt.Error."""
-    script = textwrap.dedent("""
-        import os, sys, threading, time
-        sys.path[:0] = %r
-        import numpy as np, vmmt, emu_counters
-        with vmmt.Pool(0, 4 << 20, 1, device_control_table=True) as pool, \\
-                vmmt.Consumer() as consumer:
-            src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
-            src.synchronize()
-            os.environ["VMMT_EMU_FAIL"] = "cuEventRecord:*:CUDA_ERROR_UNKNOWN"
-            emu_counters._LIB.vmmt__emu_configure()
-            with emu_counters.StalledStream(0) as stalled:
-                def release():
-                    time.sleep(0.3)
-                    stalled.release()
-                th = threading.Thread(target=release)
-                th.start()
-                t0 = time.monotonic()
-                try:
-                    d = pool._pool.publish_tensor(src, src.ptr, 2, 32, (8,), stalled.handle)
-                finally:
-                    took = time.monotonic() - t0
-                    th.join()
-            os.environ["VMMT_EMU_FAIL"] = ""
-            emu_counters._LIB.vmmt__emu_configure()
-            assert pool._pool.pending() == 0  # proven done by the synchronize
-            got = np.from_dlpack(consumer.consume(d))
-            assert (got == np.arange(8, dtype=np.float32)).all(), got
-            pool.drain(5000)
-            print("took %%.2f" %% took)
+    out = run_child("""
+        emu_fail("cuEventRecord:*:CUDA_ERROR_UNKNOWN")
+        with emu_counters.StalledStream(0) as stalled:
+            def release():
+                time.sleep(0.3)
+                stalled.release()
+            th = threading.Thread(target=release)
+            th.start()
+            t0 = time.monotonic()
+            try:
+                d = pool._pool.publish_tensor(src, src.ptr, 2, 32, (8,), stalled.handle)
+            finally:
+                took = time.monotonic() - t0
+                th.join()
+        emu_fail("")
+        assert pool._pool.pending() == 0  # proven done by the synchronize
+        got = np.from_dlpack(consumer.consume(d))
+        assert (got == np.arange(8, dtype=np.float32)).all(), got
+        pool.drain(5000)
         del src, got
-        import gc; gc.collect()
+        pool.close()
+        consumer.close()
+        gc.collect()
         assert all(v == 0 for v in emu_counters.live().values()), emu_counters.live()
-    """ % (_PATHS,))
-    env = dict(os.environ, VMMT_EMU_WAIT_TIMEOUT_MS="10000")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, env=env)
-    assert out.returncode == 0, out.stdout + out.stderr
-    took = float(out.stdout.split("took ")[1])
+        print("took %.2f" % took)
+    """, VMMT_EMU_WAIT_TIMEOUT_MS="10000")
+    took = float(out.split("took ")[1])
     assert took < 5, "the publish held the GIL while it synchronized: %.2f s" % took
 
 
@@ -71,31 +84,20 @@ def test_publish_that_raises_after_publishing_takes_its_descriptor_back():
     vmmt.Timeout. Now the publish is cancelled: the slice comes back once its
     copy shows done. (The sources stay alive for good: nothing proved the
     copy done.)"""
-    script = textwrap.dedent("""
-        import os, sys
-        sys.path[:0] = %r
-        import numpy as np, vmmt, emu_counters
-        with vmmt.Pool(0, 4 << 20, 1, device_control_table=True) as pool, \\
-                vmmt.Consumer() as consumer:
-            src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
-            src.synchronize()
-            os.environ["VMMT_EMU_FAIL"] = ("cuEventRecord:*:CUDA_ERROR_UNKNOWN,"
-                                           "cuStreamSynchronize:*:CUDA_ERROR_UNKNOWN")
-            emu_counters._LIB.vmmt__emu_configure()
-            try:
-                pool._pool.publish_tensor(src, src.ptr, 2, 32, (8,), 0)
-                raise SystemExit("published without a proof")
-            except vmmt.Error as e:
-                assert "cuEventRecord" in str(e), e
-            finally:
-                os.environ["VMMT_EMU_FAIL"] = ""
-                emu_counters._LIB.vmmt__emu_configure()
-            assert pool._pool.pending() == 0  # kept for good, outside the list
-            pool.drain(2000)
-            s = pool.stats()
-            assert s["in_flight"] == 0 and s["cancelled"] == 1, s
-            print("ok")
-    """ % (_PATHS,))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+    out = run_child("""
+        emu_fail("cuEventRecord:*:CUDA_ERROR_UNKNOWN,cuStreamSynchronize:*:CUDA_ERROR_UNKNOWN")
+        try:
+            pool._pool.publish_tensor(src, src.ptr, 2, 32, (8,), 0)
+            raise SystemExit("published without a proof")
+        except vmmt.Error as e:
+            assert "cuEventRecord" in str(e), e
+        finally:
+            emu_fail("")
+        assert pool._pool.pending() == 0  # kept for good, outside the list
+        pool.drain(2000)
+        s = pool.stats()
+        assert s["in_flight"] == 0 and s["cancelled"] == 1, s
+        pool.close()
+        print("ok")
+    """)
+    assert "ok" in out
