@@ -266,3 +266,18 @@ def test_commit_takes_numpy_scalar_types(no_leaks):
         with pytest.raises(ValueError, match="dtype"):
             pool.commit(pool.reserve(64), float, (2,))  # ambiguous: not taken
         pool.drain(5000)
+
+
+def test_evict_takes_descriptor_bytes(no_leaks):
+    """Careless-user finding: evict(pool_id_or_desc) took a Descriptor, but
+    not the same 512 bytes as they arrive from a socket (plain bytes): "a pool
+    id is 16 bytes, got 512". Failed before the fix."""
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        d = pool.publish(np.zeros(4, np.uint8))
+        consumer.consume(bytes(d))
+        pool.drain(5000)
+        assert consumer.pool_count() == 1
+        consumer.evict(bytes(d))
+        assert consumer.pool_count() == 0
+        with pytest.raises(ValueError, match="16 bytes"):
+            consumer.evict(b"x" * 17)

@@ -721,7 +721,11 @@ class Consumer:
         self._c.ack(_desc_bytes(desc), device, _resolve_stream(stream, device), first, count)
 
     def evict(self, pool_id, device=None):
-        """Unmap a pool (by its 16-byte id, or any of its Descriptors)."""
+        """Unmap a pool (by its 16-byte id, or any of its descriptors, as a
+        Descriptor or its 512 bytes)."""
+        if isinstance(pool_id, (bytes, bytearray, memoryview)) and \
+                len(pool_id) == _vmmt.DESC_SIZE:
+            pool_id = Descriptor(pool_id)  # a descriptor as it came off the wire
         if isinstance(pool_id, Descriptor):
             pool_id = pool_id.pool_id
         self._c.evict(bytes(pool_id), _default_device() if device is None else device)
