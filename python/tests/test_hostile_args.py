@@ -281,3 +281,36 @@ def test_evict_takes_descriptor_bytes(no_leaks):
         assert consumer.pool_count() == 0
         with pytest.raises(ValueError, match="16 bytes"):
             consumer.evict(b"x" * 17)
+
+
+class TorchStreamOn1:
+    """What consume reads of a torch.cuda.Stream of device 1."""
+    cuda_stream = 0
+    device_index = 1
+
+
+class CupyStreamOn1:
+    """What consume reads of a cupy.cuda.Stream of device 1."""
+    ptr = 0
+    device_id = 1
+
+
+def test_stream_object_names_the_device(no_leaks):
+    """Careless-user finding: consume(desc, stream=<a PyTorch or CuPy stream
+    of device 1>) without device= copied on device 0 (the default device)
+    into memory of device 0, enqueued on device 1's stream; with device=0 it
+    went ahead just the same. Failed before the fix: the Buffer was on
+    device 0."""
+    a = np.arange(6, dtype=np.int16)
+    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        for stream in (TorchStreamOn1(), CupyStreamOn1()):
+            d = pool.publish(a)
+            with pytest.raises(ValueError, match="device 1.*device=0"):
+                consumer.consume(d, device=0, stream=stream)
+            with pytest.raises(ValueError, match="device 1.*device=0"):
+                consumer.ack(d, device=0, stream=stream)
+            buf = consumer.consume(d, stream=stream)
+            assert buf.device == 1
+            np.testing.assert_array_equal(np.from_dlpack(buf), a)
+            consumer.ack(pool.publish(a), stream=stream)
+        pool.drain(5000)

@@ -103,6 +103,25 @@ def _stream_value(stream):
                     "got %r" % type(stream).__name__)
 
 
+def _stream_device(stream, device):
+    """The device of a stream object that says which it is (PyTorch's
+    device_index, CuPy's device_id), checked against `device`; `device` as
+    given for an int or a stream that does not say. A copy enqueued in one
+    device's context on another device's stream fails, and a failed copy
+    still acknowledges."""
+    if stream is None or isinstance(stream, int):
+        return device
+    own = getattr(stream, "device_index", None)
+    if own is None:
+        own = getattr(stream, "device_id", None)
+    if isinstance(own, bool) or not isinstance(own, int):
+        return device
+    if device is not None and device != own:
+        raise ValueError("stream is on device %d but device=%d; leave device out, or pass a "
+                         "stream of that device" % (own, device))
+    return own
+
+
 def _library_of(array):
     return type(array).__module__.split(".")[0] if array is not None else None
 
@@ -662,6 +681,8 @@ class Consumer:
         """
         first, count = (ALL_RANKS, 0) if ranks is None else _ranks(ranks)
         raw = desc if isinstance(desc, bytes) else _desc_bytes(desc)
+        if stream is not None:
+            device = _stream_device(stream, device)
         if out is None:
             if device is None:
                 device = _default_device()
@@ -716,6 +737,7 @@ class Consumer:
     def ack(self, desc, device=None, stream=None, ranks=None):
         """Acknowledge without copying (a dropped request)."""
         first, count = _ranks(ranks)
+        device = _stream_device(stream, device)
         if device is None:
             device = _default_device()
         self._c.ack(_desc_bytes(desc), device, _resolve_stream(stream, device), first, count)

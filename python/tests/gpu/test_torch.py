@@ -122,6 +122,30 @@ def test_out_refusals():
         pool.drain(10000)
 
 
+def test_stream_object_names_the_device():
+    """A torch.cuda.Stream of device 1 picks device 1 for consume and ack
+    (device= left out) and refuses device=0."""
+    need_gpu()
+    if torch.cuda.device_count() < 2:
+        skip("needs two GPUs")
+    with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        a = make((64,), "float32")
+        s1 = torch.cuda.Stream(device=1)
+        d = pool.publish(a)
+        try:
+            consumer.consume(d, device=0, stream=s1)
+        except ValueError as e:
+            assert "device 1" in str(e), e
+        else:
+            raise AssertionError("device=0 with a stream of device 1 was taken")
+        x = torch.from_dlpack(consumer.consume(d, stream=s1))
+        assert x.device == torch.device("cuda", 1), x.device
+        s1.synchronize()
+        assert torch.equal(x.cpu(), a.cpu())
+        consumer.ack(pool.publish(a), stream=s1)
+        pool.drain(10000)
+
+
 def test_current_stream_honoured_with_busy_consumer_stream():
     """The consume and from_dlpack enqueue on the current stream and return at
     once; the data is right once that (busy) stream gets to it."""
