@@ -19,6 +19,7 @@ typedef struct {
     PyObject_HEAD vmmt_pool *pool;
     int device;
     int closed;
+    int shut_down;           /* vmmt_pool_shutdown succeeded: nothing left to do */
     struct vmmtpy_kept kept; /* sources of copies that may still run */
 } PoolObject;
 
@@ -478,14 +479,24 @@ static int close_pool(PoolObject *self)
     vmmt_pool *pool = self->pool;
     int st = VMMT_OK;
 
-    if (pool == NULL || self->closed) return VMMT_OK;
-    self->closed = 1;
-    vmmtpy_kept_retire(&self->kept, 1);
-    vmmtpy_kept_release_events(&self->kept);
-    vmmtpy_kept_shut(&self->kept);
+    if (pool == NULL || self->shut_down) return VMMT_OK;
+    /*
+     * A shutdown that failed (copies still queued past timeout_ms) said to
+     * call it again: a later close() does, and no table is read then.
+     */
+    if (!self->closed) {
+        self->closed = 1;
+        vmmtpy_kept_retire(&self->kept, 1);
+        vmmtpy_kept_release_events(&self->kept);
+        vmmtpy_kept_shut(&self->kept);
+    }
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_pool_shutdown(pool);
     Py_END_ALLOW_THREADS;
+    if (st == VMMT_OK && !self->shut_down) {
+        self->shut_down = 1;
+        vmmtpy_kept_release_proven(&self->kept);
+    }
     return st;
 }
 

@@ -128,7 +128,7 @@ static int keep_done(struct vmmtpy_kept *l, const struct vmmt_drv *d, const stru
 int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
 {
     const struct vmmt_drv *d = NULL;
-    struct keep **pp = &l->head, *k, *done = NULL;
+    struct keep **pp = &l->head, *k, *done = NULL, *late = NULL;
     int st = VMMT_OK, entered = 0, running = 0;
 
     if (l->head == NULL) return VMMT_OK;
@@ -170,6 +170,13 @@ int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
             Py_END_ALLOW_THREADS;
             if (cr != CUDA_SUCCESS) r = vmmt__cu_fail(cr, "waiting for a publish's copy to finish");
         }
+        if (r == VMMT_ETIMEDOUT) {
+            /* Still running, not unknown: kept for a later proof (a shutdown that succeeds). */
+            st = r;
+            k->next = late;
+            late = k;
+            continue;
+        }
         if (r != VMMT_OK) {
             st = r;
             k->n = 0;
@@ -177,6 +184,13 @@ int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
         }
         k->next = done;
         done = k;
+    }
+    while ((k = late) != NULL) {
+        late = k->next;
+        k->next = l->head;
+        if (l->head == NULL) l->tail = &k->next;
+        l->head = k;
+        l->count++;
     }
     for (k = done; entered && k != NULL; k = k->next) {
         if (k->done == NULL) continue;
@@ -213,6 +227,31 @@ static int record_done(struct vmmtpy_kept *l, void *stream, CUevent *out)
     vmmt__ctx_leave();
     *out = st == VMMT_OK ? ev : NULL;
     return st;
+}
+
+void vmmtpy_kept_release_proven(struct vmmtpy_kept *l)
+{
+    struct keep *k, *done = NULL;
+    int entered = 0;
+
+    /* Out of the list first: the deleters below run Python code. */
+    while ((k = l->head) != NULL) {
+        unlink_keep(l, &l->head, k);
+        k->next = done;
+        done = k;
+    }
+    for (k = done; k != NULL; k = k->next) {
+        if (k->done == NULL) continue;
+        if (!entered && vmmt__drv() != NULL && vmmt__ctx_enter(l->device) == VMMT_OK) entered = 1;
+        if (entered) vmmt__drv()->cuEventDestroy(k->done);
+        k->done = NULL;
+    }
+    if (entered) vmmt__ctx_leave();
+    while ((k = done) != NULL) {
+        done = k->next;
+        keep_release(k);
+        PyMem_Free(k);
+    }
 }
 
 void vmmtpy_kept_release_events(struct vmmtpy_kept *l)

@@ -52,12 +52,18 @@ int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *firs
 
 /*
  * Give back the sources whose copies are done; with `wait`, all of them,
- * waiting without the GIL. A vmmt status.
+ * waiting without the GIL (those whose wait timed out stay kept). A vmmt
+ * status.
  */
 int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait);
 
 /* Shutdown is about to begin: no table read from now on. Then the spare events go. */
 void vmmtpy_kept_shut(struct vmmtpy_kept *l);
+/*
+ * A shutdown succeeded, which waits until every publish copy into the pool
+ * has landed: give back every source still kept, without checks.
+ */
+void vmmtpy_kept_release_proven(struct vmmtpy_kept *l);
 void vmmtpy_kept_release_events(struct vmmtpy_kept *l);
 
 #endif

@@ -101,3 +101,35 @@ def test_publish_that_raises_after_publishing_takes_its_descriptor_back():
         print("ok")
     """)
     assert "ok" in out
+
+
+def test_close_again_after_a_timed_out_close(no_leaks):
+    """Attack finding: a close whose shutdown timed out (a publish's copy
+    still queued on a stream held back) said "synchronize those streams and
+    call vmmt_pool_shutdown again", but close() again returned at once and
+    did nothing: the pool's memory stayed until the object died, and the
+    publish's source stayed alive for good (the timed-out wait dropped it
+    from the list). Failed before the fix: the second close released
+    nothing."""
+    import numpy as np
+    import pytest
+    import emu_counters
+
+    consumer = vmmt.Consumer()
+    pool = vmmt.Pool(0, 4 << 20, 1, timeout_ms=300)
+    src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
+    src.synchronize()
+    with emu_counters.StalledStream(0) as stalled:
+        pool._pool.publish_tensor(src, src.ptr, 2, 32, (8,), stalled.handle)
+        with pytest.raises(vmmt.Timeout):
+            pool.close()
+        assert pool.closed
+        held = emu_counters.live()
+        stalled.release()
+        stalled.synchronize()
+        pool.close()  # the shutdown again, as the message says
+        assert emu_counters.live()["allocations"] < held["allocations"]
+        assert pool._pool.pending() == 0
+        pool.close()  # and once done, close is a no-op
+    consumer.close()
+    del src, pool, consumer

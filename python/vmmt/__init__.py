@@ -520,7 +520,10 @@ class Pool:
         return self._pool.stats()
 
     def close(self):
-        """Wait for copies, give sources back, shut the pool down (idempotent)."""
+        """Wait for copies, give sources back, shut the pool down (idempotent).
+
+        Raises Timeout when copies are still queued after timeout_ms; the
+        pool takes no new calls, and close() again finishes the shutdown."""
         self._pool.close()
 
     @property
