@@ -117,7 +117,7 @@ def _stream_device(stream, device):
     if isinstance(own, bool) or not isinstance(own, int):
         return device
     if device is not None and device != own:
-        raise ValueError("stream is on device %d but device=%d; leave device out, or pass a "
+        raise ValueError("stream is on device %d but device=%r; leave device out, or pass a "
                          "stream of that device" % (own, device))
     return own
 
@@ -263,7 +263,7 @@ def _out_capsule(out, kind, stream):
 
 
 def _other_device(array_device, device):
-    return ValueError("out is on CUDA device %d but device=%d; leave device out, or pass an out "
+    return ValueError("out is on CUDA device %d but device=%r; leave device out, or pass an out "
                       "on that device" % (array_device, device))
 
 
