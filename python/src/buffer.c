@@ -450,8 +450,23 @@ static PyGetSetDef buffer_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+/*
+ * Buffers come from consume() and reservations only: one made by Buffer()
+ * would export a NULL pointer of no dtype and free address 0 when it goes.
+ */
+static PyObject *buffer_tp_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)type;
+    (void)args;
+    (void)kw;
+    PyErr_SetString(PyExc_TypeError,
+                    "vmmt.Buffer cannot be made directly; Consumer.consume() returns one");
+    return NULL;
+}
+
 static PyType_Slot buffer_slots[] = {
     {Py_tp_doc, "A consumed buffer in device memory; pass it to from_dlpack()."},
+    {Py_tp_new, buffer_tp_new},
     {Py_tp_dealloc, buffer_dealloc},
     {Py_tp_methods, buffer_methods},
     {Py_tp_getset, buffer_getset},

@@ -102,6 +102,13 @@ int vmmtpy_tensor_to_buffer(const DLTensor *t, vmmt_buffer *b)
                      (int)t->ndim, VMMT_MAX_DIMS);
         return -1;
     }
+    /* A buggy exporter's NULL shape would be read below. */
+    if (t->ndim > 0 && t->shape == NULL) {
+        PyErr_Format(PyExc_ValueError,
+                     "DLPack tensor has ndim=%d but no shape array; its exporter is broken",
+                     (int)t->ndim);
+        return -1;
+    }
     if (t->dtype.bits == 0 || t->dtype.bits % 8 != 0) {
         PyErr_Format(PyExc_ValueError, "dtype of %d bits is not a whole number of bytes",
                      (int)t->dtype.bits);

@@ -6,6 +6,7 @@
  * (pool_keep.c); the arguments (pool_config.c) and the stats (pool_stats.c)
  * have files of their own.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "pool_keep.h"
@@ -18,6 +19,7 @@ typedef struct {
     PyObject_HEAD vmmt_pool *pool;
     int device;
     int closed;
+    int shut_down;           /* vmmt_pool_shutdown succeeded: nothing left to do */
     struct vmmtpy_kept kept; /* sources of copies that may still run */
 } PoolObject;
 
@@ -120,6 +122,18 @@ static PyObject *publish_taken(PoolObject *self, struct keep *k, vmmt_buffer *bu
     /* The copy is on `stream`: its sources stay until it is proven done. */
     if (vmmtpy_kept_add(&self->kept, k, &descs[0], stream) != 0) Py_CLEAR(out);
     k = NULL;
+    if (out == NULL) {
+        /*
+         * Published, but the caller gets an exception instead of the
+         * descriptors: no consumer will ever acknowledge them, so take them
+         * back (the recycler frees the slice once its copy shows done).
+         */
+        struct vmmt__saved_error e;
+        vmmt__error_save(&e);
+        if (vmmt_cancel(self->pool, &descs[0]) != VMMT_OK)
+            vmmt__log(VMMT_LOG_WARN, "cancelling a publish that raised: %s", vmmt_last_error());
+        vmmt__error_restore(&e);
+    }
 out:
     vmmtpy_keep_free(k);
     PyMem_Free(bufs);
@@ -183,17 +197,32 @@ static PyObject *pool_publish(PoolObject *self, PyObject *args)
     return publish_taken(self, k, bufs, n, stream, none_when_full);
 }
 
-/* One raw item into b: shape is any sequence of ints. 0, or -1 with an error set. */
+/*
+ * One raw item into b: shape is any sequence of ints. 0, or -1 with an error
+ * set. The length and the dtype's fields are checked before they are
+ * narrowed: a cast alone turned a length of 2**32 + 1 into one dimension and
+ * bits=288 into 32.
+ */
 static int raw_fill(vmmt_buffer *b, unsigned long long ptr, unsigned long long nbytes, int code,
                     int bits, int lanes, PyObject *shape, int loc)
 {
-    b->ndim = (int)PySequence_Size(shape);
-    if (b->ndim < 0 || b->ndim > VMMT_MAX_DIMS) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "tensor has %d dimensions; vmmt carries at most %d",
-                         b->ndim, VMMT_MAX_DIMS);
+    Py_ssize_t ndim = PySequence_Size(shape);
+
+    if (ndim < 0) return -1;
+    if (ndim > VMMT_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "tensor has %zd dimensions; vmmt carries at most %d", ndim,
+                     VMMT_MAX_DIMS);
         return -1;
     }
+    if (code < 0 || code > UINT8_MAX || bits < 0 || bits > UINT8_MAX || lanes < 0 ||
+        lanes > UINT16_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "dtype (code %d, bits %d, lanes %d) does not fit DLPack's fields (code and "
+                     "bits 0..255, lanes 0..65535)",
+                     code, bits, lanes);
+        return -1;
+    }
+    b->ndim = (int)ndim;
     for (int d = 0; d < b->ndim; d++) {
         PyObject *v = PySequence_GetItem(shape, d);
         b->shape[d] = v ? PyLong_AsLongLong(v) : -1;
@@ -450,14 +479,24 @@ static int close_pool(PoolObject *self)
     vmmt_pool *pool = self->pool;
     int st = VMMT_OK;
 
-    if (pool == NULL || self->closed) return VMMT_OK;
-    self->closed = 1;
-    vmmtpy_kept_retire(&self->kept, 1);
-    vmmtpy_kept_release_events(&self->kept);
-    vmmtpy_kept_shut(&self->kept);
+    if (pool == NULL || self->shut_down) return VMMT_OK;
+    /*
+     * A shutdown that failed (copies still queued past timeout_ms) said to
+     * call it again: a later close() does, and no table is read then.
+     */
+    if (!self->closed) {
+        self->closed = 1;
+        vmmtpy_kept_retire(&self->kept, 1);
+        vmmtpy_kept_release_events(&self->kept);
+        vmmtpy_kept_shut(&self->kept);
+    }
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_pool_shutdown(pool);
     Py_END_ALLOW_THREADS;
+    if (st == VMMT_OK && !self->shut_down) {
+        self->shut_down = 1;
+        vmmtpy_kept_release_proven(&self->kept);
+    }
     return st;
 }
 

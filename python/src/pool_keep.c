@@ -128,7 +128,7 @@ static int keep_done(struct vmmtpy_kept *l, const struct vmmt_drv *d, const stru
 int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
 {
     const struct vmmt_drv *d = NULL;
-    struct keep **pp = &l->head, *k, *done = NULL;
+    struct keep **pp = &l->head, *k, *done = NULL, *late = NULL;
     int st = VMMT_OK, entered = 0, running = 0;
 
     if (l->head == NULL) return VMMT_OK;
@@ -170,6 +170,13 @@ int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
             Py_END_ALLOW_THREADS;
             if (cr != CUDA_SUCCESS) r = vmmt__cu_fail(cr, "waiting for a publish's copy to finish");
         }
+        if (r == VMMT_ETIMEDOUT) {
+            /* Still running, not unknown: kept for a later proof (a shutdown that succeeds). */
+            st = r;
+            k->next = late;
+            late = k;
+            continue;
+        }
         if (r != VMMT_OK) {
             st = r;
             k->n = 0;
@@ -177,6 +184,13 @@ int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
         }
         k->next = done;
         done = k;
+    }
+    while ((k = late) != NULL) {
+        late = k->next;
+        k->next = l->head;
+        if (l->head == NULL) l->tail = &k->next;
+        l->head = k;
+        l->count++;
     }
     for (k = done; entered && k != NULL; k = k->next) {
         if (k->done == NULL) continue;
@@ -215,6 +229,31 @@ static int record_done(struct vmmtpy_kept *l, void *stream, CUevent *out)
     return st;
 }
 
+void vmmtpy_kept_release_proven(struct vmmtpy_kept *l)
+{
+    struct keep *k, *done = NULL;
+    int entered = 0;
+
+    /* Out of the list first: the deleters below run Python code. */
+    while ((k = l->head) != NULL) {
+        unlink_keep(l, &l->head, k);
+        k->next = done;
+        done = k;
+    }
+    for (k = done; k != NULL; k = k->next) {
+        if (k->done == NULL) continue;
+        if (!entered && vmmt__drv() != NULL && vmmt__ctx_enter(l->device) == VMMT_OK) entered = 1;
+        if (entered) vmmt__drv()->cuEventDestroy(k->done);
+        k->done = NULL;
+    }
+    if (entered) vmmt__ctx_leave();
+    while ((k = done) != NULL) {
+        done = k->next;
+        keep_release(k);
+        PyMem_Free(k);
+    }
+}
+
 void vmmtpy_kept_release_events(struct vmmtpy_kept *l)
 {
     if (l->spare_count == 0) return;
@@ -236,21 +275,28 @@ void vmmtpy_kept_shut(struct vmmtpy_kept *l)
     l->shut = 1;
 }
 
+/*
+ * Only a finished synchronize proves the copy done; else the sources stay
+ * alive (*k = NULL). Without the GIL: the stream may wait for work that
+ * another Python thread has yet to enqueue or release, and every other
+ * thread would stop for the copy meanwhile. k is in no list, so no other
+ * thread can see it.
+ */
 static void sync_stream(struct vmmtpy_kept *l, void *stream, struct keep **k)
 {
-    /* Only a finished synchronize proves the copy done; else the sources stay alive. */
-    if (vmmt__ctx_enter(l->device) != VMMT_OK) {
-        *k = NULL;
-        return;
+    int done = 0;
+
+    Py_BEGIN_ALLOW_THREADS;
+    if (vmmt__ctx_enter(l->device) == VMMT_OK) {
+        done = vmmt__drv()->cuStreamSynchronize((CUstream)stream) == CUDA_SUCCESS;
+        vmmt__ctx_leave();
     }
-    if (vmmt__drv()->cuStreamSynchronize((CUstream)stream) != CUDA_SUCCESS) *k = NULL;
-    vmmt__ctx_leave();
+    Py_END_ALLOW_THREADS;
+    if (!done) *k = NULL;
 }
 
 int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *first, void *stream)
 {
-    int rc = 0;
-
     if (l->shut) {
         /* Shut down meanwhile by another thread: no proof outlives the pool, so wait now. */
         sync_stream(l, stream, &k);
@@ -263,13 +309,25 @@ int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *firs
     } else if (record_done(l, stream, &k->done) == VMMT_OK) {
         goto keep;
     } else {
-        /* Without an event the only safe point is after a synchronize. */
-        vmmtpy_raise(vmmt_last_status());
+        /*
+         * Without an event the only safe point is after a synchronize, which
+         * proves the copy done as well: then the publish stands (raising
+         * would lose a descriptor already published, its slice in flight
+         * until shutdown). Only a failed synchronize is an error.
+         */
+        struct vmmt__saved_error e;
+        vmmt__error_save(&e);
         sync_stream(l, stream, &k);
-        rc = -1;
+        vmmt__error_restore(&e);
+        if (k == NULL) {
+            vmmtpy_raise(vmmt_last_status());
+            return -1;
+        }
+        vmmt__log(VMMT_LOG_WARN, "%s; the publish synchronized its stream instead",
+                  vmmt_last_error());
     }
     vmmtpy_keep_free(k);
-    return rc;
+    return 0;
 keep:
     *l->tail = k;
     l->tail = &k->next;

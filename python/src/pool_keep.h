@@ -43,20 +43,27 @@ void vmmtpy_keep_free(struct keep *k);
 /*
  * Keep k until the copy of the publish whose first descriptor is `first`,
  * enqueued on `stream`, is proven done; or give it back now if it has landed
- * already. k is the list's (or freed) after the call, whatever the outcome;
- * on failure (-1, error set) its sources stay alive unless a synchronize
- * proved the copy done.
+ * already. k is the list's (or freed) after the call, whatever the outcome.
+ * Where no event can be recorded, a synchronize of `stream` (without the
+ * GIL) proves the copy done instead; -1 (error set) only when that fails
+ * too, and then the sources stay alive. May release the GIL.
  */
 int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *first, void *stream);
 
 /*
  * Give back the sources whose copies are done; with `wait`, all of them,
- * waiting without the GIL. A vmmt status.
+ * waiting without the GIL (those whose wait timed out stay kept). A vmmt
+ * status.
  */
 int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait);
 
 /* Shutdown is about to begin: no table read from now on. Then the spare events go. */
 void vmmtpy_kept_shut(struct vmmtpy_kept *l);
+/*
+ * A shutdown succeeded, which waits until every publish copy into the pool
+ * has landed: give back every source still kept, without checks.
+ */
+void vmmtpy_kept_release_proven(struct vmmtpy_kept *l);
 void vmmtpy_kept_release_events(struct vmmtpy_kept *l);
 
 #endif

@@ -23,10 +23,11 @@ STRIDED = object()
 class FakeTensor:
     """What the hot path reads of a torch.Tensor, over emulated device memory."""
 
-    def __init__(self, buf, shape, contiguous=True, dtype=FLOAT32, conj=False, neg=False):
+    def __init__(self, buf, shape, contiguous=True, dtype=FLOAT32, conj=False, neg=False,
+                 device=0):
         self.buf, self.shape, self._contiguous = buf, tuple(shape), contiguous
         self.is_cuda, self.layout, self.dtype = True, STRIDED, dtype
-        self._conj, self._neg = conj, neg
+        self._conj, self._neg, self._device = conj, neg, device
 
     @property
     def nbytes(self):
@@ -42,7 +43,7 @@ class FakeTensor:
         return self._neg
 
     def get_device(self):
-        return 0
+        return self._device
 
     def data_ptr(self):
         return self.buf.ptr
@@ -131,4 +132,56 @@ def test_publish_tensor_size_from_shape(no_leaks, torch_path):
             with pytest.raises(ValueError, match=what):
                 pool._pool.publish_tensor(src, src.ptr, 2, 32, shape, 0)
         assert pool.stats()["published"] == 2
+        pool.drain(5000)
+
+
+def test_publish_tensor_zero_d_and_empty(no_leaks, torch_path):
+    # A 0-d tensor is one element; an empty one is refused (as the DLPack path
+    # refuses it) before anything is reserved.
+    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        src = device_array(consumer, pool, np.array([7.5, 1], dtype=np.float32))
+        d = pool.publish(FakeTensor(src, ()))
+        assert d.shape == () and d.nbytes == 4
+        got = np.from_dlpack(consumer.consume(d))
+        assert got.shape == () and got == np.float32(7.5)
+        for shape in ((0,), (3, 0), (0, 1 << 62, 1 << 62)):
+            with pytest.raises(ValueError, match="nbytes=0|64 bits"):
+                pool.publish(FakeTensor(src, shape))
+        assert pool.stats()["published"] == 2
+        pool.drain(5000)
+
+
+def test_consume_out_conj_or_neg_view_refused(no_leaks, torch_path):
+    """Attack finding: consume(out=) took a CUDA tensor's hot path without
+    looking at its lazy conjugate or negative bit, so the bytes landed under a
+    view that reads them conjugated or negated (the DLPack path refuses such a
+    tensor; publish's hot path declines it). Failed before the fix: the
+    consume went through and returned `out`."""
+    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        a = np.arange(4, dtype=np.float32)
+        dst = device_array(consumer, pool, np.zeros(4, dtype=np.float32))
+        d = pool.publish(a)
+        for out in (FakeTensor(dst, (2,), dtype=COMPLEX64, conj=True),
+                    FakeTensor(dst, (4,), neg=True)):
+            with pytest.raises(ValueError, match="conjugate or negative"):
+                consumer.consume(d, out=out)
+        # Refused before anything was consumed: the descriptor is still good.
+        assert consumer.consume(d, out=FakeTensor(dst, (4,))) is not None
+        dst.synchronize()
+        assert np.array_equal(np.from_dlpack(dst), a)
+        pool.drain(5000)
+
+
+def test_consume_out_on_another_device_refused(no_leaks, torch_path):
+    """Attack finding: consume(desc, device=0, out=a tensor on device 1) left
+    the hot path and enqueued the copy on device 0's current stream, which
+    nothing orders before work on device 1's (the tensor's) stream. Failed
+    before the fix: AttributeError from the DLPack path, after the hot path
+    had been skipped silently."""
+    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        dst = device_array(consumer, pool, np.zeros(4, dtype=np.float32))
+        d = pool.publish(np.arange(4, dtype=np.float32))
+        with pytest.raises(ValueError, match="device 1.*device=0"):
+            consumer.consume(d, device=0, out=FakeTensor(dst, (4,), device=1))
+        consumer.ack(d)
         pool.drain(5000)

@@ -10,6 +10,7 @@ object that ``torch.from_dlpack`` (or ``cupy.from_dlpack``,
 The C core is ``vmmt._vmmt``; this module resolves streams and devices, makes
 arrays contiguous, and gives descriptors a Python face.
 """
+import operator
 import sys
 
 from . import _vmmt
@@ -100,6 +101,25 @@ def _stream_value(stream):
             return value
     raise TypeError("stream must be an int (CUstream), or have cuda_stream or __cuda_stream__; "
                     "got %r" % type(stream).__name__)
+
+
+def _stream_device(stream, device):
+    """The device of a stream object that says which it is (PyTorch's
+    device_index, CuPy's device_id), checked against `device`; `device` as
+    given for an int or a stream that does not say. A copy enqueued in one
+    device's context on another device's stream fails, and a failed copy
+    still acknowledges."""
+    if stream is None or isinstance(stream, int):
+        return device
+    own = getattr(stream, "device_index", None)
+    if own is None:
+        own = getattr(stream, "device_id", None)
+    if isinstance(own, bool) or not isinstance(own, int):
+        return device
+    if device is not None and device != own:
+        raise ValueError("stream is on device %d but device=%r; leave device out, or pass a "
+                         "stream of that device" % (own, device))
+    return own
 
 
 def _library_of(array):
@@ -224,6 +244,27 @@ def _capsule(array, stream):
 
 
 _PRE_DLPACK_1 = set()
+
+
+def _out_capsule(out, kind, stream):
+    """The capsule of an array to be written (consume's out=): versioned where
+    the library can, since only DLPack 1.0 can say "read-only"; a refusal to
+    export (NumPy's for a read-only array) is a bad `out`, a ValueError."""
+    kwargs = {"stream": stream if stream else 1} if kind in _DL_CUDA_TYPES else {}
+    try:
+        if type(out) not in _PRE_DLPACK_1:
+            try:
+                return out.__dlpack__(max_version=(1, 0), **kwargs)
+            except TypeError:  # a library older than DLPack 1.0
+                _PRE_DLPACK_1.add(type(out))
+        return out.__dlpack__(**kwargs)
+    except BufferError as e:
+        raise ValueError("out cannot be written through DLPack: %s" % e) from e
+
+
+def _other_device(array_device, device):
+    return ValueError("out is on CUDA device %d but device=%r; leave device out, or pass an out "
+                      "on that device" % (array_device, device))
 
 
 def _torch_items(arrays, device):
@@ -429,11 +470,12 @@ class Pool:
     def commit(self, reservation, dtype=None, shape=None, *, like=None, stream=None):
         """Publish a filled reservation (vmmt_commit) -> Descriptor.
 
-        dtype (a name such as "float32", or a NumPy/PyTorch dtype) and shape
-        describe its first bytes; or ``like=array`` takes both from an array;
-        neither: all reserved bytes, untyped. stream: what wrote the slice
-        (default: the current stream for a device pool; for a host pool the
-        CPU wrote it, and a stream given is synchronized first).
+        dtype (a name such as "float32", a NumPy/PyTorch dtype or a NumPy
+        scalar type) and shape describe its first bytes; or ``like=array``
+        takes both from an array; neither: all reserved bytes, untyped.
+        stream: what wrote the slice (default: the current stream for a
+        device pool; for a host pool the CPU wrote it, and a stream given is
+        synchronized first).
         """
         if not isinstance(reservation, Reservation) or reservation._pool is not self:
             raise TypeError("commit takes a Reservation of this pool")
@@ -478,7 +520,10 @@ class Pool:
         return self._pool.stats()
 
     def close(self):
-        """Wait for copies, give sources back, shut the pool down (idempotent)."""
+        """Wait for copies, give sources back, shut the pool down (idempotent).
+
+        Raises Timeout when copies are still queued after timeout_ms; the
+        pool takes no new calls, and close() again finishes the shutdown."""
         self._pool.close()
 
     @property
@@ -498,8 +543,11 @@ _DL_BY_NAME = {name: dl for dl, name in _DTYPE_NAMES.items()}
 
 def _dl_dtype(dtype):
     """DLPack (code, bits) of a dtype name, a NumPy dtype or a PyTorch dtype."""
-    name = str(dtype)
-    name = name[len("torch."):] if name.startswith("torch.") else name
+    if isinstance(dtype, type) and dtype.__module__ == "numpy":
+        name = dtype.__name__.rstrip("_")  # a scalar type (numpy.float32, numpy.bool_)
+    else:
+        name = str(dtype)
+        name = name[len("torch."):] if name.startswith("torch.") else name
     dl = _DL_BY_NAME.get(name)
     if dl is None:
         raise ValueError("dtype %r is not one vmmt carries; use one of %s"
@@ -533,7 +581,16 @@ class Reservation:
             raise ValueError("this reservation was already committed or cancelled")
         self._done = True
 
+    def _check_live(self):
+        """Views are valid until commit, cancel or close: none is made after."""
+        if self._done:
+            raise ValueError("this reservation was already committed or cancelled; its slice "
+                             "is the consumers' now")
+        if self._pool.closed:
+            raise ValueError("the pool is closed: its reservations' slices are gone")
+
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        self._check_live()
         return self._view.__dlpack__(stream, max_version=max_version, dl_device=dl_device,
                                      copy=copy)
 
@@ -545,8 +602,7 @@ class Reservation:
         if self._location != 1 and not _on_emu():
             raise ValueError("a device pool's slice is device memory: use from_dlpack with a "
                              "CUDA library, or write it with a kernel")
-        if self._done:
-            raise ValueError("this reservation was already committed or cancelled")
+        self._check_live()
         return _vmmt.host_memoryview(self.ptr, self.nbytes)
 
     def __repr__(self):
@@ -556,17 +612,30 @@ class Reservation:
 
 # ---------------------------------------------------------------- consumer
 
+def _rank(value, ranks):
+    """One rank as an int: an int or anything with __index__ (numpy.int64),
+    never a bool (ranks=True would be rank 1)."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError("ranks=%r: give a rank (an int 0..), consecutive ranks, or None for all"
+                    % (ranks,))
+
+
 def _ranks(ranks):
     """(rank_first, rank_count) from None (all), an int, or consecutive ints."""
     if ranks is None:
         return ALL_RANKS, 0
     # A negative first rank would reach the C API as VMMT_ALL_RANKS (-1) and
     # acknowledge every rank of the pool: refused here.
-    if isinstance(ranks, int):
-        if ranks < 0:
-            raise ValueError("ranks=%d is negative; give a rank 0.. or None for all" % ranks)
-        return ranks, 1
-    ranks = list(ranks)
+    if not hasattr(ranks, "__iter__"):
+        first = _rank(ranks, ranks)
+        if first < 0:
+            raise ValueError("ranks=%d is negative; give a rank 0.. or None for all" % first)
+        return first, 1
+    ranks = [_rank(r, ranks) for r in ranks]
     if not ranks or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
         raise ValueError("ranks must be None, an int, or consecutive ints (a range); got %r"
                          % (ranks,))
@@ -615,6 +684,8 @@ class Consumer:
         """
         first, count = (ALL_RANKS, 0) if ranks is None else _ranks(ranks)
         raw = desc if isinstance(desc, bytes) else _desc_bytes(desc)
+        if stream is not None:
+            device = _stream_device(stream, device)
         if out is None:
             if device is None:
                 device = _default_device()
@@ -626,16 +697,28 @@ class Consumer:
         t = _TORCH or _torch()
         if t and stream is None and type(out) is t.Tensor and out.is_cuda:
             dev = out.get_device()
-            if device in (None, dev) and out.is_contiguous():
+            if device not in (None, dev):
+                raise _other_device(dev, device)
+            if out.is_contiguous():
+                # Bytes written under a lazy conjugate or negative view read
+                # back conjugated or negated (its DLPack export is refused too).
+                if out.is_neg() or out.is_conj():
+                    raise ValueError("out is a conjugate or negative view (is_conj()/is_neg()): "
+                                     "the bytes would read back changed; pass a tensor without "
+                                     "the bit (resolve_conj(), resolve_neg())")
                 # The current stream is the tensor's own: nothing to order, no DLPack needed.
                 self._c.consume_into(raw, dev, out.data_ptr(), out.numel() * out.element_size(),
                                      t.raw_stream(dev), first, count)
                 return out
         kind, dev_id = out.__dlpack_device__()
+        if kind in _DL_CUDA_TYPES and device not in (None, dev_id):
+            # The copy would run on `device`'s stream, ordered before nothing
+            # that the array's own device runs.
+            raise _other_device(dev_id, device)
         if device is None:
             device = dev_id if kind in _DL_CUDA_TYPES else _default_device()
         s = _resolve_stream(stream, device, out)
-        cap = out.__dlpack__(stream=(s or 1)) if kind in _DL_CUDA_TYPES else out.__dlpack__()
+        cap = _out_capsule(out, kind, s)
         ptr, nbytes, _, _, readonly = _vmmt.capsule_info(cap)
         if readonly:
             raise ValueError("out is read-only")
@@ -657,12 +740,17 @@ class Consumer:
     def ack(self, desc, device=None, stream=None, ranks=None):
         """Acknowledge without copying (a dropped request)."""
         first, count = _ranks(ranks)
+        device = _stream_device(stream, device)
         if device is None:
             device = _default_device()
         self._c.ack(_desc_bytes(desc), device, _resolve_stream(stream, device), first, count)
 
     def evict(self, pool_id, device=None):
-        """Unmap a pool (by its 16-byte id, or any of its Descriptors)."""
+        """Unmap a pool (by its 16-byte id, or any of its descriptors, as a
+        Descriptor or its 512 bytes)."""
+        if isinstance(pool_id, (bytes, bytearray, memoryview)) and \
+                len(pool_id) == _vmmt.DESC_SIZE:
+            pool_id = Descriptor(pool_id)  # a descriptor as it came off the wire
         if isinstance(pool_id, Descriptor):
             pool_id = pool_id.pool_id
         self._c.evict(bytes(pool_id), _default_device() if device is None else device)

@@ -337,6 +337,24 @@ static void test_reject_frame(void **state)
         expect_reject_bytes(b, text);
     }
 
+    /* Every reserved byte is checked, and with several set the message names the first
+     * (all_zero compares a range at once, then a byte scan finds it). */
+    static const unsigned range[][2] = {{20, 4}, {214, 2}, {316, 4}, {392, 88}, {500, 12}};
+    for (size_t r = 0; r < sizeof range / sizeof range[0]; r++)
+        for (unsigned i = range[r][0]; i < range[r][0] + range[r][1]; i++) {
+            char text[64];
+            memcpy(b, good, sizeof b);
+            b[i] = 0x81;
+            b[range[r][0] + range[r][1] - 1] |= 0x02;
+            snprintf(text, sizeof text, "reserved byte at offset %u is 0x%02x", i,
+                     i == range[r][0] + range[r][1] - 1 ? 0x83 : 0x81);
+            expect_reject_bytes(b, text);
+        }
+    memcpy(b, good, sizeof b);
+    b[511] = 1;
+    b[23] = 2;
+    expect_reject_bytes(b, "reserved byte at offset 23 is 0x02");
+
     /* A broker name tail is only reachable on the wire: encode never writes one. */
     memcpy(b, good, sizeof b);
     b[106 + 20] = 'x';

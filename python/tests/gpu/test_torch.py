@@ -89,6 +89,63 @@ def test_other_device():
         roundtrip(pool, consumer, make((64, 64), "bfloat16"), device=1)
 
 
+def test_out_refusals():
+    """consume(out=) refuses, before consuming, a conjugate or negative view
+    (the hot path) and a tensor on another device than device= (both paths);
+    the emulated tests drive these with a stand-in for torch."""
+    need_gpu()
+    with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        a = make((8,), "float32")
+        d = pool.publish(a)
+        c = torch.zeros(4, dtype=torch.complex64, device="cuda")
+        for out in (c.conj(), torch._neg_view(torch.zeros(8, device="cuda"))):
+            assert out.is_conj() or out.is_neg()
+            try:
+                consumer.consume(d, out=out)
+            except ValueError as e:
+                assert "conjugate or negative" in str(e), e
+            else:
+                raise AssertionError("a conjugate or negative view was filled")
+        if torch.cuda.device_count() >= 2:
+            other = torch.zeros(8, device="cuda:1")
+            for stream in (None, torch.cuda.current_stream(0)):
+                try:
+                    consumer.consume(d, device=0, out=other, stream=stream)
+                except ValueError as e:
+                    assert "device 1" in str(e), e
+                else:
+                    raise AssertionError("an out on device 1 was filled on device 0")
+        out = torch.empty_like(a)
+        assert consumer.consume(d, out=out) is out  # the descriptor was never consumed
+        torch.cuda.synchronize()
+        assert torch.equal(out, a)
+        pool.drain(10000)
+
+
+def test_stream_object_names_the_device():
+    """A torch.cuda.Stream of device 1 picks device 1 for consume and ack
+    (device= left out) and refuses device=0."""
+    need_gpu()
+    if torch.cuda.device_count() < 2:
+        skip("needs two GPUs")
+    with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
+        a = make((64,), "float32")
+        s1 = torch.cuda.Stream(device=1)
+        d = pool.publish(a)
+        try:
+            consumer.consume(d, device=0, stream=s1)
+        except ValueError as e:
+            assert "device 1" in str(e), e
+        else:
+            raise AssertionError("device=0 with a stream of device 1 was taken")
+        x = torch.from_dlpack(consumer.consume(d, stream=s1))
+        assert x.device == torch.device("cuda", 1), x.device
+        s1.synchronize()
+        assert torch.equal(x.cpu(), a.cpu())
+        consumer.ack(pool.publish(a), stream=s1)
+        pool.drain(10000)
+
+
 def test_current_stream_honoured_with_busy_consumer_stream():
     """The consume and from_dlpack enqueue on the current stream and return at
     once; the data is right once that (busy) stream gets to it."""
