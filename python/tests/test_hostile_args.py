@@ -314,3 +314,25 @@ def test_stream_object_names_the_device(no_leaks):
             np.testing.assert_array_equal(np.from_dlpack(buf), a)
             consumer.ack(pool.publish(a), stream=stream)
         pool.drain(5000)
+
+
+def test_dropped_reservation_warns(no_leaks):
+    """Careless-user finding: a Reservation dropped without commit or cancel
+    kept its slice until the pool closed, silently (it cannot be given back
+    behind the caller's back: queued work may still write through a view).
+    Now it says so with a ResourceWarning, as an unclosed file does. Failed
+    before the fix: no warning."""
+    import gc
+    import warnings
+    with vmmt.Pool(0, 4 << 20, 1) as pool:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            r = pool.reserve(64)
+            del r
+            gc.collect()
+            done = pool.reserve(64)
+            pool.cancel(done)
+            del done
+            gc.collect()
+        msgs = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert len(msgs) == 1 and "without commit or cancel" in msgs[0]

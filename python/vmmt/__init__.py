@@ -581,6 +581,19 @@ class Reservation:
             raise ValueError("this reservation was already committed or cancelled")
         self._done = True
 
+    def __del__(self):
+        # Dropped unfinished, the slice stays reserved until the pool closes:
+        # queued work may still write through a view of it, so it is never
+        # given back behind the caller's back. Say so, as an unclosed file does.
+        try:
+            if not self._done and not self._pool.closed:
+                import warnings
+                warnings.warn("a Reservation of %d bytes was dropped without commit or cancel; "
+                              "its slice stays reserved until the pool closes" % self.nbytes,
+                              ResourceWarning, stacklevel=2)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
     def _check_live(self):
         """Views are valid until commit, cancel or close: none is made after."""
         if self._done:
