@@ -493,6 +493,18 @@ static void format_shape(const struct vmmt__desc *d, char *buf, size_t cap)
     if (used < cap) snprintf(buf + used, cap - used, "]");
 }
 
+int vmmt__desc_tensor_bytes(uint32_t ndim, const int64_t *shape, uint64_t elem_bits,
+                            uint64_t *nbytes)
+{
+    uint64_t total = 1;
+
+    for (uint32_t i = 0; i < ndim; i++)
+        if (mul_overflows(total, (uint64_t)shape[i], &total)) return -1;
+    if (mul_overflows(total, elem_bits, &total)) return -1;
+    *nbytes = total / 8 + (total % 8 != 0);
+    return 0;
+}
+
 /* Element size in bytes rounded up to a power of two, capped: what the offset must be aligned to.
  */
 uint64_t vmmt__desc_elem_align(uint8_t bits, uint16_t lanes)
@@ -540,17 +552,15 @@ static int check_dtype(const struct vmmt__desc *d, const struct check_ctx *x)
     if (d->dtype_lanes == 0)
         return vmmt__fail(x->status, "descriptor field dtype_lanes=0 with dtype_bits=%u; %s",
                           d->dtype_bits, x->advice);
-    for (uint32_t i = 0; i < d->ndim; i++)
-        if (mul_overflows(total, (uint64_t)d->shape[i], &total)) goto overflow;
-    if (mul_overflows(total, bits, &total)) goto overflow;
+    if (vmmt__desc_tensor_bytes(d->ndim, d->shape, bits, &total) != 0) goto overflow;
     /* The shape is formatted only for a message: every publish and consume passes here. */
-    if (d->nbytes != total / 8 + (total % 8 != 0)) {
+    if (d->nbytes != total) {
         format_shape(d, shape, sizeof shape);
         return vmmt__fail(x->status,
                           "descriptor field nbytes=%" PRIu64 " does not match shape %s of dtype "
                           "(code %u, bits %u, lanes %u), which is %" PRIu64 " bytes; %s",
-                          d->nbytes, shape, d->dtype_code, d->dtype_bits, d->dtype_lanes,
-                          total / 8 + (total % 8 != 0), x->advice);
+                          d->nbytes, shape, d->dtype_code, d->dtype_bits, d->dtype_lanes, total,
+                          x->advice);
     }
     if (d->offset % vmmt__desc_elem_align(d->dtype_bits, d->dtype_lanes) != 0)
         return vmmt__fail(x->status,

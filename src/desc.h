@@ -81,6 +81,14 @@ int vmmt__desc_decode(const uint8_t in[VMMT_DESC_SIZE], struct vmmt__desc *d);
  */
 void vmmt__desc_own_slot(const uint8_t in[VMMT_DESC_SIZE], uint32_t *slot, uint32_t *generation);
 
+/*
+ * The bytes of a tensor of `ndim` extents (none negative) whose elements
+ * have elem_bits bits each, the last byte rounded up: what nbytes must be.
+ * -1 when they do not fit in 64 bits.
+ */
+int vmmt__desc_tensor_bytes(uint32_t ndim, const int64_t *shape, uint64_t elem_bits,
+                            uint64_t *nbytes);
+
 /* The field checks of decode on a decoded form: VMMT_EPROTO, "corrupt" advice. */
 int vmmt__desc_validate(const struct vmmt__desc *d);
 

@@ -11,6 +11,7 @@
 
 #include "pool_keep.h"
 
+#include "desc.h"
 #include "driver.h"
 #include "pool_internal.h"
 #include "status.h"
@@ -292,21 +293,16 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
  */
 static int contiguous_nbytes(vmmt_buffer *b)
 {
-    uint64_t bits = b->dtype.bits;
-
-    for (int d = 0; d < b->ndim; d++) {
-        uint64_t n = (uint64_t)b->shape[d];
+    for (int d = 0; d < b->ndim; d++)
         if (b->shape[d] < 0) {
             PyErr_Format(PyExc_ValueError, "shape[%d]=%lld is negative", d, (long long)b->shape[d]);
             return -1;
         }
-        if (n != 0 && bits > UINT64_MAX / n) {
-            PyErr_SetString(PyExc_ValueError, "the tensor's size does not fit in 64 bits");
-            return -1;
-        }
-        bits *= n;
+    /* The same size the publish's descriptor check requires. */
+    if (vmmt__desc_tensor_bytes((uint32_t)b->ndim, b->shape, b->dtype.bits, &b->nbytes) != 0) {
+        PyErr_SetString(PyExc_ValueError, "the tensor's size does not fit in 64 bits");
+        return -1;
     }
-    b->nbytes = bits / 8 + (bits % 8 != 0);
     return 0;
 }
 
