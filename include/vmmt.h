@@ -633,8 +633,11 @@ static inline int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_
  * the descriptor cannot be consumed again. A wait for the ready flag that
  * failed, or an acknowledgement that could not be written, acknowledges
  * nothing: the call may be retried. dst must not be 0, and dst + nbytes must
- * not wrap. A descriptor that names no occupant of its slot (cancelled,
- * already recycled, or forged) is VMMT_ESTATE, and nothing is written.
+ * not wrap. A descriptor whose slot no longer shows it live (cancelled,
+ * recycled, released for dead ranks, or forged), or that any of the ranks
+ * asked for has already consumed or acknowledged, in this process or any
+ * other, is VMMT_ESTATE, and nothing is written; one whose producer died
+ * before its bytes landed is VMMT_ECLOSED.
  */
 VMMT_API int vmmt_consume(vmmt_consumer *consumer, const vmmt_desc *desc, int device, uint64_t dst,
                           uint64_t dst_size, void *stream, int rank_first, int rank_count);

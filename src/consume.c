@@ -26,10 +26,6 @@ struct request {
     CUstream stream;
     uint32_t first, count; /* ranks */
     int ack_now;           /* this call completes the slot for these ranks */
-    /* Ranks whose acknowledgement word holds the generation already: check_occupant
-     * fills it when it reads the slot's row; claim keeps it in the slot state and,
-     * when ack_now, gives back the slot's whole set for write_acks to skip. */
-    uint64_t acked_elsewhere[VMMT__MAX_CONSUMERS / 64];
 };
 
 /* A device table's row as check_occupant reads it: the ready word, then one word per rank. */
@@ -131,9 +127,6 @@ static int claim(struct request *rq)
         memset(s, 0, sizeof *s);
         s->generation = rq->d.generation;
     }
-    for (int w = 0; w < VMMT__MAX_CONSUMERS / 64; w++)
-        s->acked_elsewhere[w] |= rq->acked_elsewhere[w];
-    memcpy(rq->acked_elsewhere, s->acked_elsewhere, sizeof rq->acked_elsewhere);
     if (rq->d.pack_count <= 1) {
         if (ranks_overlap(s, rq->first, rq->count)) return fail_twice(rq);
         mark_acked(s, rq->first, rq->count);
@@ -192,60 +185,80 @@ out:
     pthread_mutex_unlock(&c->lock);
 }
 
-static int load_ready(vmmt_consumer *c, const struct request *rq, uint32_t *v);
-static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready);
+static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint32_t *acked);
 
 /*
- * Whether the descriptor names the slot's occupant, from the slot's ready
- * word (vmmt__occupant_of): never from an order of generations, which wraps.
- * A shared host table costs a load. A device table costs a read through the
- * pool's stream, done only when this process's own record of the slot does
- * not vouch for it: the occupant it last saw, or the one after it (whose
- * wait for the ready word then orders the copy and the acknowledgement).
+ * A ready word v that will never show the descriptor's occupant LIVE: its
+ * status with a message, or VMMT_OK while it still may (PENDING).
+ */
+static int not_coming(const struct request *rq, uint32_t v)
+{
+    enum vmmt__occupant occ = vmmt__occupant_of(v, rq->d.generation);
+
+    if (occ == VMMT__OCC_COPYING || occ == VMMT__OCC_READY) return VMMT_OK;
+    if (occ == VMMT__OCC_ABANDONED)
+        return vmmt__fail(VMMT_ECLOSED,
+                          "the producer (pid %d) died before the bytes of slot %u generation %u "
+                          "landed; nothing was copied: drop the request",
+                          rq->d.producer_pid, rq->d.slot, rq->d.generation);
+    return vmmt__fail(VMMT_ESTATE,
+                      "slot %u no longer holds generation %u (its ready word reads %u): the "
+                      "buffer was cancelled or released and its slice may be reused",
+                      rq->d.slot, rq->d.generation, v);
+}
+
+/*
+ * Whether the descriptor names the slot's live occupant and the ranks asking
+ * still owe it an acknowledgement, read from the control table: the one
+ * record every process shares (docs/design.md, "Invariants"). A record of
+ * this process's own could not do: a restarted rank, a new consumer, or
+ * this one after evicting the pool has none, and the soak and an outside
+ * review found each of them consuming a recycled slice with OK. So:
  *
- * An empty record (generation 0: this process never saw the slot) vouches
- * for nothing. It once vouched for generation 1, "the one after none", and
- * that was the late-acknowledgement defect (tests/unit/test_late_ack.c,
- * found by the soak with --device-table): a restarted consumer acknowledging
- * its predecessor's leftovers took a descriptor of a slot's first occupant
- * without reading the slot, though the slot had been recycled and its newer
- * occupant acknowledged; the stream wait (GEQ) passed on the newer
- * generation, and the acknowledgement, a stream write that cannot compare
- * and swap, stored the old generation over the newer occupant's, whose
- * slice was then never released (a consume would have copied the newer
- * occupant's bytes). So a process's first look at a slot reads it.
+ * - the ready word must show the occupant LIVE, or PENDING for a
+ *   stream-ordered descriptor (its wait then orders the copy); RETIRED or
+ *   any other word means the slice may hold another buffer's bytes
+ *   (VMMT_ESTATE), ABANDONED that the producer died first (VMMT_ECLOSED);
+ * - the slot's previous occupant retired means the descriptor was never
+ *   handed out (PENDING lands before a publish returns, publish.c): one
+ *   ahead of its slot is refused at once, so it can neither wait for the
+ *   next occupant's bytes nor acknowledge them;
+ * - no rank asked for may hold the generation in its acknowledgement word:
+ *   that rank has consumed the occupant, in this process or another.
  *
- * That read also takes the slot's rank words, for the second way a late
- * acknowledgement overwrites a newer one: the occupant is still G, but
- * another process of the rank (a predecessor now dead) acknowledged it
- * already, so the producer may recycle G and publish G+1 as soon as it sees
- * that, while this process's own write of G is still queued on a stream;
- * should this process then acknowledge G+1 on another stream, the queued G
- * lands last. A rank whose word holds G is therefore not written again
- * (acked_elsewhere). A rank whose word does not hold G cannot see its slot
- * recycled before this process's write lands: nobody else writes it (a dead
- * process's queued work died with its context), so no G+1 exists until then.
- * Consumer lock held.
+ * A device table costs a read through the pool's stream (about 10 us on the
+ * H200); only a packed member of an occupant this process has already seen
+ * skips it. Consumer lock held.
  */
 static int check_occupant(vmmt_consumer *c, struct request *rq)
 {
     const struct slot_state *s = &rq->pool->slots[rq->d.slot];
-    uint32_t gen = rq->d.generation, ready = 0;
+    uint32_t gen = rq->d.generation, ready = 0, acked = UINT32_MAX;
+    int stream_ordered = (rq->d.flags & VMMT__DESC_STREAM_ORDERED) != 0;
+    enum vmmt__occupant occ;
     int st;
 
-    if (!rq->pool->host_table && s->generation != 0 &&
-        (gen == s->generation || gen == vmmt__next_generation(s->generation)))
-        return VMMT_OK;
-    st = rq->pool->host_table ? load_ready(c, rq, &ready) : load_row(c, rq, &ready);
+    if (!rq->pool->host_table && s->generation == gen) return VMMT_OK;
+    st = load_row(c, rq, &ready, &acked);
+    occ = vmmt__occupant_of(ready, gen);
     if (st != VMMT_OK)
-        return vmmt__wrap(st, "reading the ready word of slot %u to check generation %u",
+        return vmmt__wrap(st, "reading the control table row of slot %u to check generation %u",
                           rq->d.slot, gen);
-    if (vmmt__occupant_of(ready, gen) != VMMT__OCC_GONE) return VMMT_OK;
-    return vmmt__fail(VMMT_ESTATE,
-                      "descriptor for slot %u generation %u names no occupant of the slot: its "
-                      "ready word holds generation %u, so the descriptor was cancelled, already "
-                      "recycled, or not made by this pool's producer; nothing was acknowledged",
-                      rq->d.slot, gen, ready);
+    if (occ == VMMT__OCC_ABANDONED) return not_coming(rq, ready);
+    if (occ != VMMT__OCC_READY && !(occ == VMMT__OCC_COPYING && stream_ordered))
+        return vmmt__fail(VMMT_ESTATE,
+                          "descriptor for slot %u generation %u names no live occupant of the "
+                          "slot: its ready word holds %u, so the buffer was recycled, "
+                          "cancelled or released, or the descriptor was not made by this "
+                          "pool's producer; nothing was acknowledged",
+                          rq->d.slot, gen, ready);
+    if (acked != UINT32_MAX)
+        return vmmt__fail(VMMT_ESTATE,
+                          "descriptor for slot %u generation %u was already acknowledged for "
+                          "rank %u (by this process or another of that rank); nothing was "
+                          "acknowledged again",
+                          rq->d.slot, gen, acked);
+    return VMMT_OK;
 }
 
 /* copy: dst and dst_size name the destination; 0 for an acknowledgement alone. */
@@ -355,44 +368,37 @@ static int open_poll(struct imported *ip)
     return st;
 }
 
-/* One read of the descriptor's ready word, within the consumer's timeout. */
-static int load_ready(vmmt_consumer *c, const struct request *rq, uint32_t *v)
-{
-    struct imported *ip = rq->pool;
-    CUdeviceptr word = ip->table + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
-    struct timespec until;
-    int st;
-
-    vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
-    pthread_mutex_lock(&ip->poll_lock);
-    st = open_poll(ip);
-    if (st == VMMT_OK) st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, v);
-    pthread_mutex_unlock(&ip->poll_lock);
-    return st;
-}
-
 /*
- * A device table: one read of the descriptor's ready word and of its ranks'
- * acknowledgement words (check_occupant), noting in rq which ranks hold the
- * generation already.
+ * The descriptor's ready word and the first of its ranks whose
+ * acknowledgement word holds the generation (UINT32_MAX if none): loads from
+ * a shared table, one read of the row through the pool's stream for a
+ * device table, within the consumer's timeout.
  */
-static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready)
+static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint32_t *acked)
 {
     struct imported *ip = rq->pool;
     CUdeviceptr row = ip->table + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
     uint32_t words = 1 + rq->first + rq->count;
+    const uint32_t *w = NULL;
     struct timespec until;
-    int st;
+    int st = VMMT_OK;
 
+    *acked = UINT32_MAX;
+    if (ip->host_table) {
+        w = ip->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4;
+        *ready = vmmt__ctrl_load(&w[0]);
+        for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++)
+            if (vmmt__ctrl_load(&w[1 + r]) == rq->d.generation) *acked = r;
+        return VMMT_OK;
+    }
     vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
     pthread_mutex_lock(&ip->poll_lock);
     st = open_poll(ip);
     if (st == VMMT_OK) st = poll_words(ip, row, words, &until, c->cfg.timeout_ms);
     if (st == VMMT_OK) {
         *ready = ip->poll_word[0];
-        for (uint32_t r = rq->first; r < rq->first + rq->count; r++)
-            if (ip->poll_word[1 + r] == rq->d.generation)
-                rq->acked_elsewhere[r / 64] |= 1ull << (r % 64);
+        for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++)
+            if (ip->poll_word[1 + r] == rq->d.generation) *acked = r;
     }
     pthread_mutex_unlock(&ip->poll_lock);
     return st;
@@ -417,14 +423,8 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
     while (st == VMMT_OK) {
         st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, &v);
         if (st != VMMT_OK || v == gen) break;
-        if (vmmt__occupant_of(v, gen) == VMMT__OCC_GONE) {
-            st = vmmt__fail(VMMT_ESTATE,
-                            "slot holds another occupant (ready word: generation %u, the "
-                            "descriptor names %u): the descriptor was cancelled and its slot "
-                            "reused",
-                            v, gen);
-            break;
-        }
+        st = not_coming(rq, v);
+        if (st != VMMT_OK) break;
         if (vmmt__cache_pidfd_exited(ip)) {
             st = vmmt__fail(VMMT_ECLOSED,
                             "the producer (pid %d) exited before setting its ready flag to "
@@ -481,14 +481,10 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s, in
     if (rq->pool->host_table) {
         uint32_t v = vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4);
         if (v == rq->d.generation) return VMMT_OK;
-        /* Another occupant: this descriptor was cancelled and its slot reused;
-         * a stream wait (>=) would pass and copy someone else's bytes. */
-        if (vmmt__occupant_of(v, rq->d.generation) == VMMT__OCC_GONE)
-            return vmmt__fail(VMMT_ESTATE,
-                              "slot holds another occupant (ready word: generation %u, the "
-                              "descriptor names %u): the descriptor was cancelled and its slot "
-                              "reused",
-                              v, rq->d.generation);
+        /* Retired since check_occupant looked (cancelled): a stream wait (>=)
+         * would pass and copy whatever the slice holds next. */
+        if (vmmt__occupant_of(v, rq->d.generation) != VMMT__OCC_COPYING)
+            return not_coming(rq, v) != VMMT_OK ? vmmt_last_status() : VMMT_ESTATE;
         /* Not yet: let the stream wait, which needs the table registered with
          * the driver; that costs once, so it happens only on first need. */
         if (registered_table(rq->pool) != VMMT_OK) return host_wait(c, rq, 0);
@@ -558,9 +554,6 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
         return st;
     }
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
-        /* Acknowledged by another process of the rank: writing it again could land
-         * after this slot's next occupant was acknowledged (check_occupant). */
-        if (rq->acked_elsewhere[r / 64] & (1ull << (r % 64))) continue;
         CUresult res =
             d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
                                     rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
@@ -576,6 +569,9 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
             return st;
         }
     }
+    /* Every word is queued: the claim stands (defect 1 of issue 16 was leaving
+     * this unset, so each device-table consume was undone and accepted again). */
+    *written = 1;
     return after_copy ? track_copy(c, rq, s) : VMMT_OK;
 }
 

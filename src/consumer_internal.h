@@ -37,10 +37,6 @@ struct slot_state {
      * this process copied out of the slot is not the producer's buffer. */
     int failed;
     uint64_t ranks_acked[VMMT__MAX_CONSUMERS / 64];
-    /* Ranks whose acknowledgement word already held the generation when this
-     * process first looked (another process of the rank wrote it): never
-     * written again, see check_occupant in consume.c. */
-    uint64_t acked_elsewhere[VMMT__MAX_CONSUMERS / 64];
     struct pack_group groups[PACK_GROUPS];
 };
 

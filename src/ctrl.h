@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "cuabi.h"
+#include "generation.h"
 
 #define VMMT__DATA_ALIGN 256
 
@@ -30,35 +31,6 @@ static inline uint64_t vmmt__ctrl_ready(uint64_t table, uint32_t stride, uint32_
 static inline uint64_t vmmt__ctrl_ack(uint64_t table, uint32_t stride, uint32_t slot, uint32_t rank)
 {
     return vmmt__ctrl_ready(table, stride, slot) + 4u * (1u + rank);
-}
-
-/* Generations start at 1 and skip 0 on wrap, so a zeroed table matches nothing. */
-static inline uint32_t vmmt__next_generation(uint32_t g)
-{
-    return g + 1 == 0 ? 1 : g + 1;
-}
-
-/*
- * The generation rule, in one place. The producer gives a slot generation
- * next(g) only after the slot's ready word showed g (its copy landed) and
- * the slot was recycled or cancelled, and a publish that fails before its
- * ready write hands its generation back. So while generation G occupies a
- * slot, its ready word holds G (copy landed) or the G before it (copy still
- * running), whatever the wrap: a reader compares for equality with the
- * ready word and its successor, never by order, which 2^31 generations
- * without a reader (cancels) would turn around.
- */
-enum vmmt__occupant {
-    VMMT__OCC_READY,   /* ready == gen: the named occupant is there, its bytes landed */
-    VMMT__OCC_COPYING, /* gen == next(ready): the named occupant's copy may still run */
-    VMMT__OCC_GONE     /* anything else: recycled, cancelled, or never published */
-};
-
-static inline enum vmmt__occupant vmmt__occupant_of(uint32_t ready, uint32_t gen)
-{
-    if (gen != 0 && ready == gen) return VMMT__OCC_READY;
-    if (gen != 0 && gen == vmmt__next_generation(ready)) return VMMT__OCC_COPYING;
-    return VMMT__OCC_GONE;
 }
 
 /* Acquire load of a table word written by another process or a GPU. */

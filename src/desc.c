@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "abi.h"
+#include "generation.h"
 #include "status.h"
 
 /* The codec knows bytes and integers only; it must build without any CUDA type. */
@@ -203,6 +204,12 @@ static int check_frame(const uint8_t *in)
                           "descriptor version=%u is newer than this build of vmmt reads (version "
                           "%d only); upgrade vmmt on the consumer side to match the producer",
                           version, VMMT__DESC_VERSION);
+    if (version == 1)
+        return vmmt__fail(VMMT_EPROTO,
+                          "descriptor version=1 comes from an older vmmt, whose control table "
+                          "follows other rules (this build reads version %d only); run the same "
+                          "vmmt version on the producer and consumer sides",
+                          VMMT__DESC_VERSION);
     if (version != VMMT__DESC_VERSION)
         return vmmt__fail(
             VMMT_EPROTO,
@@ -375,6 +382,11 @@ static int check_geometry(const struct vmmt__desc *d, const struct check_ctx *x)
         return vmmt__fail(x->status,
                           "descriptor field consumer_count=%" PRIu32 " is outside 1..%d; %s",
                           d->consumer_count, VMMT__MAX_CONSUMERS, x->advice);
+    if (d->table_slots > VMMT__MAX_TABLE_SLOTS)
+        return vmmt__fail(x->status,
+                          "descriptor field table_slots=%" PRIu32
+                          " is more than a producer makes (%u); %s",
+                          d->table_slots, VMMT__MAX_TABLE_SLOTS, x->advice);
     if (d->table_slots < 1)
         return vmmt__fail(x->status,
                           "descriptor field table_slots=0: the control table has no slot; %s",
@@ -427,9 +439,11 @@ static int check_slot(const struct vmmt__desc *d, const struct check_ctx *x)
                           "descriptor field slot=%" PRIu32 " is outside the control table (%" PRIu32
                           " slots); %s",
                           d->slot, d->table_slots, x->advice);
-    if (d->generation == 0)
-        return vmmt__fail(
-            x->status, "descriptor field generation=0 is never used by a producer; %s", x->advice);
+    if (!vmmt__generation_valid(d->generation))
+        return vmmt__fail(x->status,
+                          "descriptor field generation=%" PRIu32
+                          " is never used by a producer (generations are 4k + 1, k >= 1); %s",
+                          d->generation, x->advice);
     return VMMT_OK;
 }
 

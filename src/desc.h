@@ -13,9 +13,13 @@
 
 #include "vmmt.h"
 
-#define VMMT__DESC_VERSION  1
+/* Version 2: the control table's ready words name an occupant's state
+ * (src/ctrl.h); version 1's generations stepped by one. */
+#define VMMT__DESC_VERSION  2
 #define VMMT__MAX_CONSUMERS 256
-#define VMMT__MAX_PACK      64 /* buffers of one packed group: a reader tracks them in 64 bits */
+/* Slots of a control table at most (max_slices), for writer and reader alike. */
+#define VMMT__MAX_TABLE_SLOTS (1u << 20)
+#define VMMT__MAX_PACK        64 /* buffers of one packed group: a reader tracks them in 64 bits */
 
 /* flags */
 #define VMMT__DESC_STREAM_ORDERED 1u /* the consumer waits for the ready word on its stream */

@@ -133,7 +133,8 @@ static int make(struct vmmt_pool *p, uint32_t k)
     }
     vmmt__ctx_leave();
     c->incarnation = el->next_incarnation;
-    el->next_incarnation = vmmt__next_generation(el->next_incarnation);
+    /* Never 0, which the word holds while the chunk is given back. */
+    el->next_incarnation = el->next_incarnation == UINT32_MAX ? 1 : el->next_incarnation + 1;
     c->live = 0;
     c->idle_since_us = vmmt__now_us();
     /* Release: a consumer that loads the word finds the chunk exported. */

@@ -17,7 +17,7 @@
 #include "status.h"
 
 #define DEFAULT_SLICES 4096
-#define MAX_SLICES     (1u << 20)
+#define MAX_SLICES     VMMT__MAX_TABLE_SLOTS
 
 const char *vmmt_handoff_name(vmmt_handoff mode)
 {
@@ -198,7 +198,8 @@ static int alloc_host_state(struct vmmt_pool *p)
 {
     p->slot = calloc(p->slots, sizeof *p->slot);
     p->free_slots = malloc(p->slots * sizeof *p->free_slots);
-    if (p->slot == NULL || p->free_slots == NULL)
+    p->retiring = malloc(p->slots * sizeof *p->retiring);
+    if (p->slot == NULL || p->free_slots == NULL || p->retiring == NULL)
         return vmmt__fail(VMMT_ENOMEM, "no host memory for %u slots", p->slots);
     if (p->cfg.consumer_lease_ms > 0) {
         p->lease_gen = calloc(p->slots, sizeof *p->lease_gen);
@@ -425,6 +426,7 @@ static void free_pool(struct vmmt_pool *p)
     vmmt__elastic_free(p);
     free(p->slot);
     free(p->free_slots);
+    free(p->retiring);
     free(p->lease_gen);
     free(p->lease_since_ms);
     free(p->allowed_uids);

@@ -17,17 +17,24 @@
 #include "vmm.h"
 #include "vmmt.h"
 
-/* SLOT_RESERVED: handed to the producer by vmmt_reserve, not yet committed. */
-enum slot_state { SLOT_FREE, SLOT_PUBLISHING, SLOT_IN_FLIGHT, SLOT_CANCELLED, SLOT_RESERVED };
+/*
+ * SLOT_RESERVED: handed to the producer by vmmt_reserve, not yet committed.
+ * SLOT_RETIRING: done, its RETIRED word being written by the recycler
+ * (recycle.c); nothing else may free it meanwhile.
+ */
+enum slot_state {
+    SLOT_FREE,
+    SLOT_PUBLISHING,
+    SLOT_IN_FLIGHT,
+    SLOT_CANCELLED,
+    SLOT_RESERVED,
+    SLOT_RETIRING
+};
 
 struct vmmt__slot {
     uint32_t generation;
-    /*
-     * The generation before this occupant's, given back when the occupant
-     * leaves before its ready write (a failed publish, a cancelled
-     * reservation), so that a slot's ready word always holds its occupant's
-     * generation or the one before (ctrl.h, vmmt__occupant_of).
-     */
+    /* The generation before this occupant's: VMMT__GEN_LAST means the
+     * counter wrapped, and old acknowledgement words must be zeroed. */
     uint32_t prev_generation;
     uint8_t state;
     uint64_t slice_offset; /* relative to the data region, as the slab sees it */
@@ -83,6 +90,7 @@ struct vmmt_pool {
     int recycler_idle; /* in its untimed sleep: a publish must wake it */
     CUstream stream;
     uint32_t *table_host; /* the shared table itself, or a pinned copy of the device table */
+    uint32_t *retiring;   /* slots one reclaim retires (recycle.c); reclaim_lock held */
 
     uint32_t in_flight;
     uint64_t in_flight_bytes;
@@ -129,17 +137,31 @@ int vmmt__recycler_start(struct vmmt_pool *p);
 void vmmt__recycler_stop(struct vmmt_pool *p);
 int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed);
 
+/*
+ * Write slot's RETIRED word now (src/generation.h): a CPU store into a
+ * shared table, else a copy on the pool's stream, synchronized, so that it
+ * has landed before the slice can be given to anyone else. The context need
+ * not be current; the caller is active or the recycler.
+ */
+int vmmt__pool_retire_now(struct vmmt_pool *p, uint32_t slot);
+/* The same for a publish's PENDING word in a device table (its CPU-side store otherwise). */
+int vmmt__pool_pending_now(struct vmmt_pool *p, uint32_t slot);
+
 /* Read the control table into p->table_host; the caller is active or the recycler. */
 int vmmt__pool_read_table(struct vmmt_pool *p);
 
 /* Publishing steps shared by publish.c, reserve.c and host_pool.c. */
 int vmmt__publish_check_buffer(const vmmt_buffer *b, size_t i);
+/* The readers' validator on every record a publish or commit will hand out (publish.c). */
+int vmmt__publish_check_records(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                                const uint64_t *rel, uint64_t total);
 int vmmt__publish_reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot);
 void vmmt__publish_finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n);
 void vmmt__publish_describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
                             const uint64_t *rel, uint32_t slot, vmmt_desc *out);
 /* Device copies and the ready flag on stream s; the context is current. */
 int vmmt__publish_clear_acks(struct vmmt_pool *p, uint32_t slot, CUstream s);
+int vmmt__publish_pending(struct vmmt_pool *p, uint32_t slot);
 int vmmt__publish_enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
                           const uint64_t *rel, uint32_t slot, CUstream s);
 

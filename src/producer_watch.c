@@ -86,13 +86,16 @@ static int release_device_words(struct imported *ip, uint32_t *failed_count)
     for (uint32_t i = 0; st == VMMT_OK && i < g->table_slots; i++) {
         struct slot_state *ss = &ip->slots[i];
         uint32_t ready = copy[vmmt__ctrl_ready(0, g->slot_stride, i) / 4];
-        if (ss->generation == 0 || vmmt__occupant_of(ready, ss->generation) != VMMT__OCC_COPYING)
+        enum vmmt__occupant occ = vmmt__occupant_of(ready, ss->generation);
+        if (ss->generation == 0 || (occ != VMMT__OCC_COPYING && occ != VMMT__OCC_ABANDONED))
             continue;
         ss->failed = 1;
         remember_failed(ip->owner, ip, i, ss->generation);
         (*failed_count)++;
+        if (occ == VMMT__OCC_ABANDONED) continue; /* another consumer repaired it */
         st = VMMT_CU(d, cuStreamWriteValue32(s, vmmt__ctrl_ready(ip->table, g->slot_stride, i),
-                                             ss->generation, CU_STREAM_WRITE_VALUE_DEFAULT));
+                                             vmmt__gen_abandoned(ss->generation),
+                                             CU_STREAM_WRITE_VALUE_DEFAULT));
     }
     if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(s));
     if (s != NULL && d->cuStreamDestroy(s) != CUDA_SUCCESS)
@@ -118,18 +121,22 @@ void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip)
             struct slot_state *ss = &ip->slots[i];
             uint32_t *word = ip->ctrl.host + vmmt__ctrl_ready(0, g->slot_stride, i) / 4;
             uint32_t ready = vmmt__ctrl_load(word);
-            /* Only an occupant whose copy may still run (ready one generation
-             * behind) is waited on; any other value is another occupant's. */
-            if (ss->generation == 0 ||
-                vmmt__occupant_of(ready, ss->generation) != VMMT__OCC_COPYING)
+            enum vmmt__occupant occ = vmmt__occupant_of(ready, ss->generation);
+            /* Only an occupant whose copy may still run (PENDING) is waited on,
+             * or one another consumer found so and marked ABANDONED already;
+             * any other word is another occupant's. */
+            if (ss->generation == 0 || (occ != VMMT__OCC_COPYING && occ != VMMT__OCC_ABANDONED))
                 continue;
             /* Marked before the word is set: a stream released by it finds the mark. */
             ss->failed = 1;
             remember_failed(c, ip, i, ss->generation);
             failed++;
-            /* Only from the value just read: another consumer may have set it too. */
-            __atomic_compare_exchange_n(word, &ready, ss->generation, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE);
+            /* ABANDONED, not LIVE: it releases stream waits (>=) as LIVE would,
+             * and every other consumer can tell that the bytes never came.
+             * Only from the value just read: another consumer may set it too. */
+            if (occ == VMMT__OCC_COPYING)
+                __atomic_compare_exchange_n(word, &ready, vmmt__gen_abandoned(ss->generation), 0,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
         }
     } else {
         struct vmmt__saved_error e;

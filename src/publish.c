@@ -76,11 +76,11 @@ static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
     *slot = p->free_slots[--p->free_count];
     p->slot[*slot].prev_generation = p->slot[*slot].generation;
     p->slot[*slot].generation = vmmt__next_generation(p->slot[*slot].generation);
-    /* Once per 2^32 - 1 occupants: acknowledgement words left from the last
+    /* Once per 2^30 - 1 occupants: acknowledgement words left from the last
      * cycle could hold this very generation; zero (never a generation) them
      * before the slice is handed out, so only this occupant's count. A device
-     * table is zeroed on the publishing stream (clear_acks_on_stream). */
-    if (p->slot[*slot].prev_generation == UINT32_MAX && p->host_table) {
+     * table is zeroed on the publishing stream (vmmt__publish_clear_acks). */
+    if (p->slot[*slot].prev_generation == VMMT__GEN_LAST && p->host_table) {
         uint32_t *ack = p->table_host + vmmt__ctrl_ack(0, p->stride, *slot, 0) / 4;
         for (int i = 0; i < p->cfg.consumer_count; i++)
             __atomic_store_n(&ack[i], 0, __ATOMIC_RELEASE);
@@ -137,9 +137,20 @@ static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
 /*
  * End of a publish: the slot goes in flight, or back to the free lists. A
  * quarantined pool keeps the slice reserved, since its copy may still run.
+ * A failed publish may have written its PENDING word, so its generation is
+ * retired rather than given back: the word never moves backwards (ctrl.h).
  */
 static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
 {
+    if (st != VMMT_OK && st != VMMT_EFAILED) {
+        struct vmmt__saved_error e;
+        vmmt__error_save(&e);
+        if (vmmt__pool_retire_now(p, slot) != VMMT_OK) {
+            vmmt__pool_quarantine(p);
+            st = VMMT_EFAILED; /* the slice stays reserved: its word is unknown */
+        }
+        vmmt__error_restore(&e);
+    }
     pthread_mutex_lock(&p->lock);
     if (st == VMMT_OK) {
         p->slot[slot].state = SLOT_IN_FLIGHT;
@@ -149,8 +160,7 @@ static void finish(struct vmmt_pool *p, uint32_t slot, int st, size_t n)
         /* The recycler polls on its own while it is not idle: no wake-up to pay. */
         if (p->recycler_idle) pthread_cond_signal(&p->wake);
     } else if (st != VMMT_EFAILED) {
-        /* No ready word was written and no descriptor handed out. */
-        p->slot[slot].generation = p->slot[slot].prev_generation;
+        /* Retired above, and no descriptor handed out. */
         vmmt__slot_release(p, slot);
     }
     pthread_mutex_unlock(&p->lock);
@@ -199,12 +209,29 @@ int vmmt__publish_clear_acks(struct vmmt_pool *p, uint32_t slot, CUstream s)
 {
     CUresult r;
 
-    if (p->host_table || p->slot[slot].prev_generation != UINT32_MAX) return VMMT_OK;
+    if (p->host_table || p->slot[slot].prev_generation != VMMT__GEN_LAST) return VMMT_OK;
     r = vmmt__drv()->cuMemsetD8Async(vmmt__ctrl_ack(p->ctrl_dev, p->stride, slot, 0), 0,
                                      4 * (size_t)p->cfg.consumer_count, s);
     if (r != CUDA_SUCCESS)
         return vmmt__cu_fail(r, "cuMemsetD8Async(acknowledgements of slot %u at generation wrap)",
                              slot);
+    return VMMT_OK;
+}
+
+/*
+ * The slot's ready word goes to PENDING for its new occupant (generation.h)
+ * before any copy and before the descriptor exists: a CPU store into a
+ * shared table; a device table's word is written and synchronized on the
+ * pool's own stream (about 10 us), not queued on s, where it could wait
+ * behind the caller's kernels while a consumer already holds the
+ * descriptor. So a consumer that finds the slot's previous occupant retired
+ * knows the descriptor was never handed out, and refuses it at once.
+ */
+int vmmt__publish_pending(struct vmmt_pool *p, uint32_t slot)
+{
+    if (!p->host_table) return vmmt__pool_pending_now(p, slot);
+    __atomic_store_n(p->table_host + vmmt__ctrl_ready(0, p->stride, slot) / 4,
+                     vmmt__gen_pending(p->slot[slot].generation), __ATOMIC_RELEASE);
     return VMMT_OK;
 }
 
@@ -219,6 +246,7 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     size_t enqueued = 0;
 
     int st = vmmt__publish_clear_acks(p, slot, s);
+    if (st == VMMT_OK) st = vmmt__publish_pending(p, slot);
     if (st != VMMT_OK) return st;
     for (; enqueued < n; enqueued++) {
         const vmmt_buffer *b = &bufs[enqueued];
@@ -244,7 +272,7 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     }
     if (r == CUDA_SUCCESS && p->handoff == VMMT_HANDOFF_STREAM && !sync) return VMMT_OK;
     if (r != CUDA_SUCCESS && enqueued == 0) return vmmt_last_status();
-    /* Synchronous hand-off, or copies queued before a failure: drain the stream. */
+    /* Synchronous hand-off, or writes queued before a failure: drain the stream. */
     vmmt__error_save(&first);
     sr = d->cuStreamSynchronize(s);
     if (sr == CUDA_SUCCESS) return r == CUDA_SUCCESS ? VMMT_OK : vmmt__error_restore(&first);
@@ -283,7 +311,7 @@ static void build(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, 
 
 /*
  * Before anything is reserved, every member's record is built as it will be
- * sent (at the start of the data region, in slot 0, generation 1: the slice's
+ * sent (at the start of the data region, in slot 0, the first generation: the slice's
  * real place keeps every alignment) and put through the readers' validator.
  * A buffer whose descriptor a consumer would refuse is refused here, so no
  * slice is ever published that nobody can acknowledge.
@@ -299,7 +327,7 @@ static int check_records(const struct vmmt_pool *p, const vmmt_buffer *bufs, siz
                           " bytes; publish it another way or create a larger pool",
                           total, p->map.size - p->data_offset);
     for (size_t i = 0; i < n; i++) {
-        build(p, bufs, n, rel, i, 0, 1, 0, total, &d);
+        build(p, bufs, n, rel, i, 0, VMMT__GEN_FIRST, 0, total, &d);
         /* No chunk is held yet: any incarnation stands for the one it will have. */
         if (d.chunk_size != 0) d.incarnation = 1;
         if (vmmt__desc_check(&d, VMMT_EINVAL,
@@ -370,38 +398,11 @@ int vmmt_publish_packed_size(vmmt_pool *p, const vmmt_buffer *theirs, size_t n, 
     return st;
 }
 
-/*
- * The ready word of a cancelled reservation, written now: by the CPU in a
- * shared table, else on the recycler's stream (serialized with its table
- * reads), synchronized, so that no later occupant's ready write can be
- * overtaken by this one.
- */
-static int cancel_reservation_ready(struct vmmt_pool *p, uint32_t slot, uint32_t gen)
-{
-    const struct vmmt_drv *d = vmmt__drv();
-    int st;
-
-    if (p->host_table) {
-        __atomic_store_n(p->table_host + vmmt__ctrl_ready(0, p->stride, slot) / 4, gen,
-                         __ATOMIC_RELEASE);
-        return VMMT_OK;
-    }
-    st = vmmt__ctx_enter(p->device);
-    if (st != VMMT_OK) return st;
-    pthread_mutex_lock(&p->reclaim_lock);
-    st = VMMT_CU(d, cuStreamWriteValue32(p->stream, vmmt__ctrl_ready(p->ctrl_dev, p->stride, slot),
-                                         gen, CU_STREAM_WRITE_VALUE_DEFAULT));
-    if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
-    pthread_mutex_unlock(&p->reclaim_lock);
-    vmmt__ctx_leave();
-    return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "cancelling the reservation of slot %u", slot);
-}
-
 int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
 {
     struct vmmt__desc d;
     struct vmmt__slot *s;
-    int st;
+    int st, reclaim_now = 0;
 
     if (p == NULL || desc == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_cancel: pool and desc must not be NULL");
@@ -415,12 +416,11 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
     s = &p->slot[d.slot];
     if (s->generation == d.generation && s->state == SLOT_RESERVED) {
         /* Nothing of ours was enqueued: the caller stopped writing (vmmt.h).
-         * The ready word is set as a commit would, so the slot keeps its rule
-         * (ready shows the occupant or the one before) and the token, now
-         * stale, can never act again. */
+         * The generation is retired, so the token, now stale, can never act
+         * again and the word keeps moving forwards only. */
         s->state = SLOT_PUBLISHING;
         pthread_mutex_unlock(&p->lock);
-        st = cancel_reservation_ready(p, d.slot, d.generation);
+        st = vmmt__pool_retire_now(p, d.slot);
         pthread_mutex_lock(&p->lock);
         if (st == VMMT_OK) {
             p->cancelled++;
@@ -434,18 +434,15 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
         /* (A token names the reservation, which its commit ended: the published
          * descriptor, perhaps out with consumers already, is not the token's to take.) */
         p->cancelled++;
-        /* Stream-ordered: the copy may still be running; the recycler frees
-         * the slice once the ready flag shows it finished. */
-        if (p->handoff == VMMT_HANDOFF_SYNC) {
-            p->in_flight--;
-            p->in_flight_bytes -= s->slice_bytes;
-            vmmt__slot_release(p, d.slot);
-            pthread_cond_broadcast(&p->changed);
-        } else {
-            s->state = SLOT_CANCELLED;
-        }
+        /* The recycler retires it and frees the slice once the ready word
+         * shows the copy finished (at once for a synchronous hand-off); a
+         * consumer is refused from then on. */
+        s->state = SLOT_CANCELLED;
+        if (p->handoff == VMMT_HANDOFF_SYNC) reclaim_now = 1;
     }
     pthread_mutex_unlock(&p->lock);
+    /* A synchronous hand-off's copy landed: the slice is free when this returns. */
+    if (reclaim_now) st = vmmt__pool_reclaim(p, NULL);
     vmmt__pool_leave(p);
     return st;
 }
@@ -454,6 +451,12 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
 int vmmt__publish_check_buffer(const vmmt_buffer *b, size_t i)
 {
     return check_buffer(b, i);
+}
+
+int vmmt__publish_check_records(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
+                                const uint64_t *rel, uint64_t total)
+{
+    return check_records(p, bufs, n, rel, total);
 }
 
 int vmmt__publish_reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)

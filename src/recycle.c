@@ -3,7 +3,9 @@
  * acknowledgement word hold the slot's current generation. The whole control
  * table comes to the host in one copy, whatever the number of slices in
  * flight. A background thread does this while anything is in flight; a
- * publish that finds no room does it at once.
+ * publish that finds no room does it at once. Before a slice goes back to
+ * the slab its slot's word is RETIRED (ctrl.h), so no consumer can take the
+ * descriptor once the slice may hold another buffer's bytes.
  */
 #include <errno.h>
 #include <time.h>
@@ -28,30 +30,131 @@ void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot)
 static int row_done(const struct vmmt_pool *p, uint32_t slot, uint32_t gen, int need_acks)
 {
     const uint32_t *row = p->table_host + (size_t)slot * (p->stride / 4);
+    uint32_t ready = vmmt__ctrl_load(&row[0]);
 
-    if (vmmt__ctrl_load(&row[0]) != gen) return 0; /* the producer's copy has not finished */
+    /* Retired by an earlier reclaim whose confirmation failed (retire): done. */
+    if (ready == vmmt__gen_retired(gen)) return 1;
+    if (ready != gen) return 0; /* the producer's copy has not finished */
     if (!need_acks) return 1;
     for (int r = 0; r < p->cfg.consumer_count; r++)
         if (vmmt__ctrl_load(&row[1 + r]) != gen) return 0;
     return 1;
 }
 
-/* Free every slot the snapshot shows finished; lock held. */
-static uint32_t sweep(struct vmmt_pool *p)
-{
-    uint32_t freed = 0;
+/* The slots the snapshot shows finished, marked SLOT_RETIRING, into p->retiring; lock held. */
+#define RETIRING_CANCELLED 0x80000000u
 
-    for (uint32_t i = 0; i < p->slots && p->in_flight > 0; i++) {
+static uint32_t collect(struct vmmt_pool *p)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < p->slots; i++) {
         struct vmmt__slot *s = &p->slot[i];
         if (s->state != SLOT_IN_FLIGHT && s->state != SLOT_CANCELLED) continue;
         if (!row_done(p, i, s->generation, s->state == SLOT_IN_FLIGHT)) continue;
+        p->retiring[n++] = i | (s->state == SLOT_CANCELLED ? RETIRING_CANCELLED : 0);
+        s->state = SLOT_RETIRING;
+    }
+    return n;
+}
+
+/*
+ * Wait for the pool's stream, polled within the pool's timeout_ms: a few
+ * words take microseconds, and a device that stalls must not hold a publish
+ * or the recycler for ever. A stream still busy at the deadline leaves the
+ * words' fate unknown, which the callers treat as a failure. Context current.
+ */
+static int wait_stream(struct vmmt_pool *p)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    struct timespec until, pause = {0, 2000};
+    CUresult r;
+
+    vmmt__deadline(&until, (int64_t)p->cfg.timeout_ms * 1000);
+    while ((r = d->cuStreamQuery(p->stream)) == CUDA_ERROR_NOT_READY) {
+        if (vmmt__deadline_passed(&until))
+            return vmmt__fail(VMMT_ETIMEDOUT,
+                              "the pool's stream did not finish writing control table words "
+                              "within %d ms; the device is stalled",
+                              p->cfg.timeout_ms);
+        nanosleep(&pause, NULL);
+    }
+    return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "writing control table words");
+}
+
+/*
+ * Ready words of the n slots in p->retiring, now: RETIRED, or PENDING for a
+ * publish into a device table. CPU stores into a shared table; else copies
+ * from the pinned copy of the table on the pool's stream, synchronized, so
+ * that each has landed when this returns. reclaim_lock held (it keeps the
+ * next table read off the pinned copy until the copies have run).
+ */
+static int write_ready(struct vmmt_pool *p, uint32_t n, int pending)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    int st, sw;
+
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = p->retiring[i] & ~RETIRING_CANCELLED, gen = p->slot[slot].generation;
+        __atomic_store_n(p->table_host + vmmt__ctrl_ready(0, p->stride, slot) / 4,
+                         pending ? vmmt__gen_pending(gen) : vmmt__gen_retired(gen),
+                         __ATOMIC_RELEASE);
+    }
+    if (p->host_table) return VMMT_OK;
+    st = vmmt__ctx_enter(p->device);
+    if (st != VMMT_OK) return st;
+    for (uint32_t i = 0; st == VMMT_OK && i < n; i++) {
+        uint32_t slot = p->retiring[i] & ~RETIRING_CANCELLED;
+        uint32_t *word = p->table_host + vmmt__ctrl_ready(0, p->stride, slot) / 4;
+        st = VMMT_CU(d, cuMemcpyHtoDAsync(vmmt__ctrl_ready(p->ctrl_dev, p->stride, slot), word,
+                                          sizeof *word, p->stream));
+    }
+    /* Even after a failed copy: what was queued must land before anything is freed. */
+    sw = wait_stream(p);
+    if (st == VMMT_OK) st = sw;
+    vmmt__ctx_leave();
+    return st == VMMT_OK ? st
+                         : vmmt__wrap(st, "writing the %s word of %u slot(s)",
+                                      pending ? "pending" : "retired", n);
+}
+
+/* Free the n slots retired, or put them back for the next reclaim if that failed; lock held. */
+static void settle(struct vmmt_pool *p, uint32_t n, int retired)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = p->retiring[i] & ~RETIRING_CANCELLED;
+        int cancelled = (p->retiring[i] & RETIRING_CANCELLED) != 0;
+        struct vmmt__slot *s = &p->slot[slot];
+        if (!retired) {
+            s->state = cancelled ? SLOT_CANCELLED : SLOT_IN_FLIGHT;
+            continue;
+        }
         p->in_flight--;
         p->in_flight_bytes -= s->slice_bytes;
-        if (s->state == SLOT_IN_FLIGHT) p->recycled++;
-        vmmt__slot_release(p, i);
-        freed++;
+        if (!cancelled) p->recycled++;
+        vmmt__slot_release(p, slot);
     }
-    return freed;
+}
+
+static int write_ready_now(struct vmmt_pool *p, uint32_t slot, int pending)
+{
+    int st;
+
+    pthread_mutex_lock(&p->reclaim_lock);
+    p->retiring[0] = slot;
+    st = write_ready(p, 1, pending);
+    pthread_mutex_unlock(&p->reclaim_lock);
+    return st;
+}
+
+int vmmt__pool_retire_now(struct vmmt_pool *p, uint32_t slot)
+{
+    return write_ready_now(p, slot, 0);
+}
+
+int vmmt__pool_pending_now(struct vmmt_pool *p, uint32_t slot)
+{
+    return write_ready_now(p, slot, 1);
 }
 
 int vmmt__pool_read_table(struct vmmt_pool *p)
@@ -80,9 +183,16 @@ int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed)
     pthread_mutex_unlock(&p->lock);
     if (busy) st = vmmt__pool_read_table(p);
     if (busy && st == VMMT_OK) {
+        uint32_t found;
         pthread_mutex_lock(&p->lock);
         p->reclaims++;
-        n = sweep(p);
+        found = collect(p);
+        pthread_mutex_unlock(&p->lock);
+        /* Outside the pool's lock: a device table's writes wait for the stream. */
+        if (found > 0) st = write_ready(p, found, 0);
+        pthread_mutex_lock(&p->lock);
+        settle(p, found, st == VMMT_OK);
+        n = st == VMMT_OK ? found : 0;
         if (n > 0) pthread_cond_broadcast(&p->changed);
         pthread_mutex_unlock(&p->lock);
     }

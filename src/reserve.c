@@ -84,6 +84,7 @@ static int flag_on_stream(struct vmmt_pool *p, uint32_t slot, CUstream s)
     st = vmmt__ctx_enter(p->device);
     if (st != VMMT_OK) return st;
     st = vmmt__publish_clear_acks(p, slot, s);
+    if (st == VMMT_OK) st = vmmt__publish_pending(p, slot);
     if (st != VMMT_OK) {
         vmmt__ctx_leave();
         return st;
@@ -141,7 +142,10 @@ int vmmt_commit(vmmt_pool *p, const vmmt_reservation *res, const vmmt_buffer *wh
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_commit");
     st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return st;
-    st = take(p, res, &slot);
+    /* vmmt_publish's own validator: a descriptor no reader accepts is never handed out,
+     * and the reservation stays, to commit correctly or cancel. */
+    st = vmmt__publish_check_records(p, &b, 1, &rel, res->nbytes);
+    if (st == VMMT_OK) st = take(p, res, &slot);
     if (st == VMMT_OK) {
         if (p->slot[slot].slice_bytes != res->nbytes)
             st = vmmt__fail(VMMT_EINVAL, "the reservation's nbytes was changed after "

@@ -223,6 +223,43 @@ static void test_cancel_token_after_commit(void **state)
 }
 
 /*
+ * Caught (issue 16, defect 8): vmmt_commit handed out descriptors no reader
+ * accepts (a typed buffer without a shape, a negative dimension), which
+ * vmmt_publish refuses: every inspect, consume, ack and cancel then failed
+ * and the slice was lost until shutdown. The commit now runs publish's
+ * validator first, refuses, and leaves the reservation to commit again.
+ */
+static void test_commit_refuses_what_readers_refuse(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(8 * MiB, 1);
+    vmmt_buffer what;
+    vmmt_reservation r;
+    vmmt_desc d;
+    vmmt_desc_info info;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_reserve(f->pool, 4096, &r));
+    put(f, r.ptr, 4096, 10);
+    memset(&what, 0, sizeof what);
+    what.nbytes = 4096;
+    what.dtype.code = 2, what.dtype.bits = 32, what.dtype.lanes = 1;
+    what.ndim = 1;
+    what.shape[0] = -1024; /* a negative dimension */
+    assert_int_equal(vmmt_commit(f->pool, &r, &what, f->stream, &d), VMMT_EINVAL);
+    assert_error_contains("shape");
+    what.shape[0] = 1000; /* 4000 bytes where nbytes says 4096 */
+    assert_int_equal(vmmt_commit(f->pool, &r, &what, f->stream, &d), VMMT_EINVAL);
+    what.shape[0] = 1024;
+    assert_vmmt_ok(vmmt_commit(f->pool, &r, &what, f->stream, &d));
+    assert_vmmt_ok(vmmt_desc_inspect(&d, &info));
+    assert_int_equal(info.shape[0], 1024);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, 4096, 10);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/*
  * The local adapter's socket name is "vmmt-local-<uid>-<job>", cut silently
  * at the 107 bytes an abstract name holds: two jobs whose long names share
  * their first 80-odd bytes met at one name, and the second job's ranks
@@ -255,6 +292,7 @@ int main(void)
         T(test_struct_size_absurd),
         T(test_wrapping_source_refused),
         T(test_cancel_token_after_commit),
+        T(test_commit_refuses_what_readers_refuse),
         cmocka_unit_test(test_mem_copy_overlap_and_wrap),
     };
     tu_use_test_driver();

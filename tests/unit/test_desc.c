@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "desc.h"
+#include "generation.h"
 #include "status.h"
 #include "testutil.h"
 
@@ -86,7 +87,7 @@ static struct vmmt__desc valid_fabric(void)
     d.table_offset = 4096;
     d.data_offset = 2 * MiB;
     d.slot = 0;
-    d.generation = UINT32_MAX;
+    d.generation = VMMT__GEN_LAST;
     d.slice_offset = UINT64_MAX - 8191;
     d.slice_bytes = 4096; /* ends exactly at alloc_size */
     d.offset = d.slice_offset;
@@ -226,14 +227,14 @@ static void test_golden_bytes(void **state)
     uint8_t b[VMMT_DESC_SIZE];
     (void)state;
 
-    d.table_slots = 0x01020304; /* distinct bytes show the order */
+    d.table_slots = 0x00020304; /* distinct bytes show the order (at most 2^20) */
     d.alloc_size = 0x1122334455667788ull;
     d.shape[0] = -2;
     memset(b, 0xee, sizeof b);
     vmmt__desc_encode(&d, b);
 
     assert_memory_equal(b + 0, "VMMTDESC", 8);
-    assert_memory_equal(b + 8, "\x01\x00", 2);          /* version 1 */
+    assert_memory_equal(b + 8, "\x02\x00", 2);          /* version 2 */
     assert_memory_equal(b + 10, "\x00\x02", 2);         /* 512 */
     assert_memory_equal(b + 12, "\x01\x00\x00\x00", 4); /* POSIX_FD */
     assert_memory_equal(b + 16, "\x01\x00\x00\x00", 4); /* STREAM_ORDERED */
@@ -243,7 +244,7 @@ static void test_golden_bytes(void **state)
     assert_memory_equal(b + 106, "vmmt-0123456789abcde", 20);
     assert_memory_equal(b + 216, "\x03\x00\x00\x00", 4);
     assert_memory_equal(b + 220, "\x92\x10\x00\x00", 4); /* 4242 */
-    assert_memory_equal(b + 228, "\x04\x03\x02\x01", 4);
+    assert_memory_equal(b + 228, "\x04\x03\x02\x00", 4);
     assert_memory_equal(b + 232, "\x88\x77\x66\x55\x44\x33\x22\x11", 8);
     assert_memory_equal(b + 248, "\x10\x00\x00\x00", 4);
     assert_memory_equal(b + 256, "\x00\x00\x01\x00\x00\x00\x00\x00", 8); /* 65536 */
@@ -315,8 +316,12 @@ static void test_reject_frame(void **state)
     assert_error_contains("not a vmmt descriptor");
 
     memcpy(b, good, sizeof b);
-    b[8] = 2;
-    expect_reject_bytes(b, "version=2 is newer than this build of vmmt reads (version 1 only)");
+    b[8] = 3;
+    expect_reject_bytes(b, "version=3 is newer than this build of vmmt reads (version 2 only)");
+
+    memcpy(b, good, sizeof b);
+    b[8] = 1;
+    expect_reject_bytes(b, "version=1 comes from an older vmmt");
 
     memcpy(b, good, sizeof b);
     b[8] = 0;
@@ -476,6 +481,15 @@ static void test_reject_geometry(void **state)
     d = valid_fd();
     d.generation = 0;
     expect_reject(&d, "generation=0");
+    /* Only 4k + 1 (k >= 1) is a generation: the other words are states (src/generation.h). */
+    for (uint32_t g = 1; g <= 8; g++) {
+        d.generation = g;
+        if (g == VMMT__GEN_FIRST) continue;
+        expect_reject(&d, "is never used by a producer");
+    }
+    d = valid_fd();
+    d.table_slots = VMMT__MAX_TABLE_SLOTS + 1;
+    expect_reject(&d, "more than a producer makes");
 }
 
 static void test_reject_extent(void **state)
@@ -722,7 +736,7 @@ static void test_inspect(void **state)
     assert_int_equal(info.handle_type, VMMT_HANDLE_FABRIC);
     assert_int_equal(info.consumer_count, 256);
     assert_int_equal(info.stream_ordered, 0);
-    assert_int_equal(info.generation, UINT32_MAX);
+    assert_int_equal(info.generation, VMMT__GEN_LAST);
 
     desc.bytes[300] ^= 0xff; /* nbytes */
     assert_int_equal(vmmt_desc_inspect(&desc, &info), VMMT_EPROTO);

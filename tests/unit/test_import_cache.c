@@ -237,6 +237,53 @@ static void test_dead_producer_device_table(void **state)
     dead_producer(*state, 1);
 }
 
+/*
+ * Caught (issue 16, defect 3): the first consumer to see its producer dead
+ * set the ready word so that stream waits finish, and wrote the generation
+ * itself there: every other consumer of the pool then took the slice for
+ * landed, and vmmt_consumer_check told it OK for bytes that never came. The
+ * word says ABANDONED now, which every consumer can tell apart.
+ */
+static void dead_producer_every_consumer(struct fixture *f, int device_table)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    vmmt_consumer *other, *late;
+    struct producer p;
+    CUstream s2;
+
+    assert_int_equal(d->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &other));
+    spawn_producer(&p, device_table);
+    /* Two processes' worth of consumers wait for the same copy, which never lands. */
+    assert_vmmt_ok(
+        vmmt_consume(f->consumer, &p.d[2], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_vmmt_ok(vmmt_consume(other, &p.d[2], 0, f->dst + 8192, 8192, s2, VMMT_ALL_RANKS, 0));
+    kill_producer(&p);
+    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamSynchronize(s2), CUDA_SUCCESS);
+    assert_int_equal(vmmt_consumer_check(f->consumer, &p.d[2]), VMMT_EFAILED);
+    assert_int_equal(vmmt_consumer_check(other, &p.d[2]), VMMT_EFAILED);
+    /* A consumer that comes later is refused too, whichever way it learns it. */
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &late));
+    assert_int_not_equal(
+        vmmt_consume(late, &p.d[2], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0), VMMT_OK);
+    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    vmmt_consumer_destroy(late);
+    vmmt_consumer_destroy(other);
+    assert_int_equal(d->cuStreamDestroy(s2), CUDA_SUCCESS);
+    assert_int_equal(wait_pool_count(f->consumer, 0, 2000), 0);
+}
+
+static void test_dead_producer_every_consumer_host_table(void **state)
+{
+    dead_producer_every_consumer(*state, 0);
+}
+
+static void test_dead_producer_every_consumer_device_table(void **state)
+{
+    dead_producer_every_consumer(*state, 1);
+}
+
 /* Caught (issue 9): destroy waited behind a stream wedged by a dead producer. */
 static void test_destroy_bounded_after_producer_death(void **state)
 {
@@ -338,6 +385,8 @@ int main(void)
         T(test_device_table_pool_evicted),
         T(test_dead_producer_host_table),
         T(test_dead_producer_device_table),
+        T(test_dead_producer_every_consumer_host_table),
+        T(test_dead_producer_every_consumer_device_table),
         T(test_destroy_bounded_after_producer_death),
         T(test_dead_producer_null_stream),
         T(test_destroy_bounded_with_wedged_stream),

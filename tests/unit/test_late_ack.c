@@ -62,7 +62,8 @@ static void late_ack(struct fixture *f, int device_table)
  * acknowledged it for the rank already. The restarted process's own write
  * would then be a duplicate that the producer does not wait for: it could
  * still be queued on a stream when the slot is recycled, and land after the
- * rank acknowledged the next occupant. So it must not be written at all.
+ * rank acknowledged the next occupant. The table shows the rank has it, so
+ * the descriptor is refused (VMMT_ESTATE) and nothing is written.
  * Two ranks, so that the slot stays in flight while rank 0 is acknowledged twice.
  */
 static void duplicate_ack(struct fixture *f, int device_table)
@@ -83,9 +84,10 @@ static void duplicate_ack(struct fixture *f, int device_table)
 
     assert_vmmt_ok(vmmt_consumer_create(NULL, &restarted));
     writes = vmmt__emu_calls("cuStreamWriteValue32");
-    assert_vmmt_ok(vmmt_consumer_ack(restarted, &first, 0, f->stream, 0, 1));
+    assert_int_equal(vmmt_consumer_ack(restarted, &first, 0, f->stream, 0, 1), VMMT_ESTATE);
+    assert_error_contains("already acknowledged for rank 0");
     /* Rank 0's word holds the generation already: nothing more is queued for it. */
-    if (device_table) assert_int_equal(vmmt__emu_calls("cuStreamWriteValue32"), writes);
+    assert_int_equal(vmmt__emu_calls("cuStreamWriteValue32"), writes);
 
     /* Rank 1 completes the slot; the next occupant goes through both ranks as usual. */
     assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &first, 0, f->stream, 1, 1));

@@ -366,7 +366,7 @@ static void test_consumer_failure_releases_slice(void **state)
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000)); /* acknowledged all the same */
     assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
                      VMMT_ESTATE);
-    assert_error_contains("already consumed");
+    assert_error_contains("recycled");
 }
 
 static void test_setup_failure_closes_export(void **state)

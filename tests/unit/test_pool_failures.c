@@ -57,6 +57,7 @@ static void test_recycler_retries_transient_failure(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c = config(4 * MiB, 1);
     vmmt_buffer b = bytes(f->src, 4096);
+    struct gate g;
     vmmt_desc d;
 
     if (!on_emu()) skip();
@@ -65,8 +66,15 @@ static void test_recycler_retries_transient_failure(void **state)
     tu_roundtrip(f, 4096, 1);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    emu_fail("cuMemcpyDtoHAsync:1:CUDA_ERROR_UNKNOWN"); /* the recycler's next read */
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    /* The consume reads the table row itself; its acknowledgement is held
+     * back behind a gate, so the recycler's reads find nothing to free until
+     * the failure is armed for the next of them. */
+    gate_close(&g, f->stream);
     assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    emu_fail("cuMemcpyDtoHAsync:1:CUDA_ERROR_UNKNOWN"); /* the recycler's next read */
+    gate_open_later(&g, 10);
+    gate_free(&g);
     for (int i = 0; i < 200 && vmmt__emu_calls("cuMemcpyDtoHAsync") < 2; i++)
         sleep_ms(2);
     emu_reset();

@@ -313,7 +313,7 @@ static void test_late_cancelled_consume_refused(void **state)
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
     assert_int_equal(vmmt_consume(f->consumer, &d1, 0, f->dst, 8192, f->stream, VMMT_ALL_RANKS, 0),
                      VMMT_ESTATE);
-    assert_error_contains("the descriptor was cancelled");
+    assert_error_contains("cancelled");
     assert_vmmt_ok(vmmt_consume(f->consumer, &d2, 0, f->dst, 8192, f->stream, VMMT_ALL_RANKS, 0));
     expect(f, f->dst, 4096, 2);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));

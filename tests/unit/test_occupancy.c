@@ -1,0 +1,236 @@
+/*
+ * A descriptor is accepted only while the control table shows its own
+ * occupant live and not yet acknowledged by the ranks asking (docs/design.md,
+ * "Invariants"). Each case here was a way to get OK for a descriptor whose
+ * slice had been recycled, consumed twice, or not yet published (issue 16,
+ * defects 1, 2 and 4), on both kinds of control table.
+ */
+#include <string.h>
+
+#include "emu.h"
+#include "poolfix.h"
+
+#define N 4096
+
+static int consume_all(struct fixture *f, vmmt_consumer *c, const vmmt_desc *d)
+{
+    return vmmt_consume(c, d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0);
+}
+
+static void sync_stream(struct fixture *f)
+{
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+}
+
+static void make_pool(struct fixture *f, int consumers, int device_table, vmmt_handoff handoff)
+{
+    vmmt_pool_config c = config(4 * MiB, consumers);
+
+    c.max_slices = 4;
+    c.device_control_table = device_table;
+    c.handoff = handoff;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+}
+
+/* Defect 1: the same consumer consuming the same descriptor twice. */
+static void twice(struct fixture *f, int device_table)
+{
+    vmmt_buffer b = bytes(f->src, N);
+    vmmt_desc d;
+
+    make_pool(f, 1, device_table, VMMT_HANDOFF_AUTO);
+    put(f, f->src, N, 1);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_vmmt_ok(consume_all(f, f->consumer, &d));
+    sync_stream(f);
+    expect(f, f->dst, N, 1);
+    assert_int_equal(consume_all(f, f->consumer, &d), VMMT_ESTATE);
+    assert_int_equal(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+    sync_stream(f);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/*
+ * Defect 2: once recycled, a descriptor is refused by every consumer: a new
+ * one (a restarted process) and the same one after evicting the pool, which
+ * both have no record of having consumed it. The slice is then reused by a
+ * publish through another slot, so an OK would copy another buffer's bytes.
+ */
+static void recycled(struct fixture *f, int device_table)
+{
+    vmmt_buffer b = bytes(f->src, N);
+    vmmt_consumer *fresh;
+    vmmt_desc old, other, next;
+    vmmt_desc_info io, in;
+
+    make_pool(f, 1, device_table, VMMT_HANDOFF_AUTO);
+    put(f, f->src, N, 1);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &old));
+    put(f, f->src, N, 2);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &other));
+    assert_vmmt_ok(consume_all(f, f->consumer, &old));
+    assert_vmmt_ok(consume_all(f, f->consumer, &other));
+    sync_stream(f);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    /* Slots come back in order, so the next publish takes the other slot. */
+    put(f, f->src, N, 3);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &next));
+    assert_vmmt_ok(vmmt_desc_inspect(&old, &io));
+    assert_vmmt_ok(vmmt_desc_inspect(&next, &in));
+
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &fresh));
+    assert_int_equal(consume_all(f, fresh, &old), VMMT_ESTATE);
+    assert_int_equal(vmmt_consumer_ack(fresh, &old, 0, f->stream, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
+    sync_stream(f);
+    assert_vmmt_ok(consume_all(f, fresh, &next));
+    sync_stream(f);
+    expect(f, f->dst, N, 3);
+    vmmt_consumer_destroy(fresh);
+
+    /* The same consumer, its record of the slot dropped with the import. */
+    assert_vmmt_ok(vmmt_consumer_evict(f->consumer, io.pool_id, 0));
+    assert_int_equal(consume_all(f, f->consumer, &old), VMMT_ESTATE);
+    assert_int_equal(consume_all(f, f->consumer, &next), VMMT_ESTATE);
+    sync_stream(f);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/*
+ * The table's acknowledgement words are what a rank has consumed, whichever
+ * process wrote them: another consumer asking for an acknowledged rank is
+ * refused, while the rank still owed is served with the right bytes.
+ */
+static void acked_by_another(struct fixture *f, int device_table)
+{
+    vmmt_buffer b = bytes(f->src, N);
+    vmmt_consumer *other;
+    vmmt_desc d;
+
+    make_pool(f, 2, device_table, VMMT_HANDOFF_AUTO);
+    put(f, f->src, N, 4);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    /* Dropped for rank 0: a shared table's word is written when this returns,
+     * a device table's once the stream has run. */
+    assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, 0, 1));
+    sync_stream(f);
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &other));
+    assert_int_equal(vmmt_consume(other, &d, 0, f->dst, f->cap, f->stream, 0, 1), VMMT_ESTATE);
+    assert_int_equal(vmmt_consume(other, &d, 0, f->dst, f->cap, f->stream, 0, 2), VMMT_ESTATE);
+    sync_stream(f);
+    assert_vmmt_ok(vmmt_consume(other, &d, 0, f->dst, f->cap, f->stream, 1, 1));
+    sync_stream(f);
+    expect(f, f->dst, N, 4);
+    vmmt_consumer_destroy(other);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/*
+ * Defect 4: a descriptor one generation (or a few) ahead of its slot names
+ * no occupant the producer handed out. It is refused, and it must not count
+ * as an acknowledgement of the slot's next real occupant, which is then
+ * still in flight until its consumer takes it.
+ */
+static void ahead(struct fixture *f, int device_table, vmmt_handoff handoff)
+{
+    vmmt_buffer b = bytes(f->src, N);
+    vmmt_pool_stats s;
+    vmmt_desc d, forged, next;
+
+    make_pool(f, 1, device_table, handoff);
+    put(f, f->src, N, 5);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_vmmt_ok(consume_all(f, f->consumer, &d));
+    sync_stream(f);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    for (uint32_t step = 1; step <= 8; step++) {
+        uint32_t gen;
+        vmmt_consumer *c;
+        forged = d;
+        memcpy(&gen, forged.bytes + 268, 4); /* generation, little-endian (descriptor.md) */
+        gen += step;
+        memcpy(forged.bytes + 268, &gen, 4);
+        /* A device table's stream-ordered descriptor ahead of its slot is
+         * watched until the timeout: keep it short. */
+        vmmt_consumer_config cc;
+        vmmt_consumer_config_init(&cc);
+        cc.timeout_ms = 200;
+        assert_vmmt_ok(vmmt_consumer_create(&cc, &c));
+        assert_int_not_equal(vmmt_consumer_ack(c, &forged, 0, f->stream, VMMT_ALL_RANKS, 0),
+                             VMMT_OK);
+        sync_stream(f);
+        vmmt_consumer_destroy(c);
+    }
+    put(f, f->src, N, 6);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &next));
+    sync_stream(f);
+    assert_vmmt_ok(vmmt_pool_reclaim(f->pool, NULL));
+    assert_vmmt_ok(vmmt_pool_get_stats(f->pool, &s));
+    assert_int_equal(s.in_flight, 1);
+    assert_vmmt_ok(consume_all(f, f->consumer, &next));
+    sync_stream(f);
+    expect(f, f->dst, N, 6);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+static void test_twice_host_table(void **state)
+{
+    twice(*state, 0);
+}
+
+static void test_twice_device_table(void **state)
+{
+    twice(*state, 1);
+}
+
+static void test_recycled_host_table(void **state)
+{
+    recycled(*state, 0);
+}
+
+static void test_recycled_device_table(void **state)
+{
+    recycled(*state, 1);
+}
+
+static void test_acked_by_another_host_table(void **state)
+{
+    acked_by_another(*state, 0);
+}
+
+static void test_acked_by_another_device_table(void **state)
+{
+    acked_by_another(*state, 1);
+}
+
+static void test_ahead_host_table(void **state)
+{
+    ahead(*state, 0, VMMT_HANDOFF_AUTO);
+}
+
+static void test_ahead_device_table_stream(void **state)
+{
+    ahead(*state, 1, VMMT_HANDOFF_STREAM);
+}
+
+static void test_ahead_device_table_sync(void **state)
+{
+    ahead(*state, 1, VMMT_HANDOFF_SYNC);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_twice_host_table),
+        T(test_twice_device_table),
+        T(test_recycled_host_table),
+        T(test_recycled_device_table),
+        T(test_acked_by_another_host_table),
+        T(test_acked_by_another_device_table),
+        T(test_ahead_host_table),
+        T(test_ahead_device_table_stream),
+        T(test_ahead_device_table_sync),
+    };
+    tu_use_test_driver();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
