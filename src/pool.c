@@ -81,6 +81,13 @@ static int check_config(const vmmt_pool_config *c)
     if (c->consumer_lease_ms < 0)
         return vmmt__fail(VMMT_EINVAL, "consumer_lease_ms=%d must be 0 (off) or positive",
                           c->consumer_lease_ms);
+    /* An unknown value would only surface later, as advice about something else. */
+    if (c->handle_type != VMMT_HANDLE_AUTO && c->handle_type != VMMT_HANDLE_NONE &&
+        c->handle_type != VMMT_HANDLE_POSIX_FD && c->handle_type != VMMT_HANDLE_FABRIC)
+        return vmmt__fail(VMMT_EINVAL,
+                          "handle_type=%d is not a handle type; use auto (-1), posix_fd (1) or "
+                          "fabric (8)",
+                          (int)c->handle_type);
     if (c->handle_type == VMMT_HANDLE_NONE)
         return vmmt__fail(VMMT_EINVAL,
                           "handle_type=none cannot be shared with other processes; use auto, "
@@ -103,9 +110,12 @@ static int check_config(const vmmt_pool_config *c)
                           strlen(c->broker_path));
     if (c->handoff != VMMT_HANDOFF_AUTO && c->handoff != VMMT_HANDOFF_STREAM &&
         c->handoff != VMMT_HANDOFF_SYNC)
-        return vmmt__fail(VMMT_EINVAL, "handoff=%d is not a hand-off mode", (int)c->handoff);
+        return vmmt__fail(VMMT_EINVAL,
+                          "handoff=%d is not a hand-off mode; use auto (0), stream (1) or sync (2)",
+                          (int)c->handoff);
     if (c->memory_location != VMMT_MEMORY_DEVICE && c->memory_location != VMMT_MEMORY_HOST)
-        return vmmt__fail(VMMT_EINVAL, "memory_location=%d is neither device (0) nor host (1)",
+        return vmmt__fail(VMMT_EINVAL,
+                          "memory_location=%d is not a memory location; use device (0) or host (1)",
                           (int)c->memory_location);
     if (c->memory_location == VMMT_MEMORY_HOST && c->handle_type == VMMT_HANDLE_FABRIC)
         return vmmt__fail(VMMT_EINVAL, "a host pool is shared within one node through a POSIX fd; "

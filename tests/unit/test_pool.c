@@ -45,6 +45,36 @@ static void test_config_errors(void **state)
     assert_error_contains("recycle_interval must be positive");
 }
 
+/*
+ * An enum field holding no value of its enum is refused at create, naming the
+ * field, the value and the values accepted: a pool made with it would fail
+ * later, at every publish, with advice about something else.
+ */
+static void test_config_unknown_enums(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+
+    c.handle_type = (vmmt_handle_type)5;
+    assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
+    assert_null(f->pool);
+    assert_error_contains("handle_type=5 is not a handle type");
+    assert_error_contains("auto (-1), posix_fd (1) or fabric (8)");
+    c.handle_type = (vmmt_handle_type)-2;
+    assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
+    assert_error_contains("handle_type=-2 is not a handle type");
+    c = config(4 * MiB, 1);
+    c.handoff = (vmmt_handoff)3;
+    assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
+    assert_error_contains("handoff=3 is not a hand-off mode");
+    assert_error_contains("auto (0), stream (1) or sync (2)");
+    c = config(4 * MiB, 1);
+    c.memory_location = (vmmt_memory_location)2;
+    assert_int_equal(vmmt_pool_create(&c, &f->pool), VMMT_EINVAL);
+    assert_error_contains("memory_location=2 is not a memory location");
+    assert_error_contains("device (0) or host (1)");
+}
+
 static void test_size_rounds_down(void **state)
 {
     struct fixture *f = *state;
@@ -689,6 +719,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_config_errors),
+        T(test_config_unknown_enums),
         T(test_size_rounds_down),
         T(test_roundtrip_in_process),
         T(test_typed_descriptor),
