@@ -183,14 +183,43 @@ static int allocate(struct vmmt_pool *p)
     return allocate(p);
 }
 
+/*
+ * A POSIX_FD device pool's shared host table, made before the layout because
+ * where the table lives decides where the data starts. Where memfd_create is
+ * refused (a container's seccomp profile, say), a fixed pool keeps its table
+ * at the start of the allocation, as device_control_table=1 asks, and works
+ * there; an elastic pool's chunk words must be shared host memory.
+ */
+static int make_shared_table(struct vmmt_pool *p)
+{
+    uint64_t words = p->el ? vmmt__elastic_words_bytes(p->map.size, p->el->chunk) : 0;
+    int st = vmmt__ctrl_create_shared(p->table_bytes + words, &p->ctrl);
+
+    p->table_host = p->ctrl.host;
+    p->ctrl_dev = p->ctrl.dev;
+    if (st != VMMT_ENOTSUP) return st;
+    if (p->el != NULL)
+        return vmmt__wrap(st, "an elastic pool shares its control table and chunk words in host "
+                              "memory; allow memfd_create (the seccomp profile), or make a fixed "
+                              "pool (elastic=0), which keeps its table in device memory then");
+    vmmt__log(VMMT_LOG_WARN,
+              "%s; the control table goes into device memory, as device_control_table=1 "
+              "would put it (consumers check ready flags through the driver)",
+              vmmt_last_error());
+    p->host_table = 0;
+    return VMMT_OK;
+}
+
 static int layout(struct vmmt_pool *p)
 {
     uint64_t data;
+    int st;
 
     p->slots = p->cfg.max_slices;
     p->stride = vmmt__ctrl_stride((uint32_t)p->cfg.consumer_count);
     p->table_bytes = (uint64_t)p->slots * p->stride;
     p->host_table = p->type == VMMT_HANDLE_POSIX_FD && !p->cfg.device_control_table;
+    if (p->host_table && !p->host_mem && (st = make_shared_table(p)) != VMMT_OK) return st;
     if (p->host_table)
         data = 0; /* the whole allocation is data */
     else if (vmmt__align_up(p->table_bytes, VMMT__DATA_ALIGN, &data) != VMMT_OK)
@@ -223,23 +252,26 @@ static int alloc_host_state(struct vmmt_pool *p)
     return VMMT_OK;
 }
 
-/* The pool's stream, and its zeroed control table: shared host memory, or device memory and a
- * pinned copy. */
+/* The pool's stream, and its zeroed control table: shared host memory (a device pool's was made
+ * with the layout), or device memory and a pinned copy. */
 static int setup_stream(struct vmmt_pool *p)
 {
     const struct vmmt_drv *d = vmmt__drv();
     int st;
 
-    if (p->host_mem) return vmmt__host_pool_table(p);
-    st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
-    if (st != VMMT_OK) return st;
-    if (p->host_table) {
-        uint64_t words = p->el ? vmmt__elastic_words_bytes(p->map.size, p->el->chunk) : 0;
-        st = vmmt__ctrl_create_shared(p->table_bytes + words, &p->ctrl);
-        p->table_host = p->ctrl.host;
-        p->ctrl_dev = p->ctrl.dev;
+    if (p->host_mem) {
+        st = vmmt__host_pool_table(p);
+        if (st == VMMT_ENOTSUP)
+            return vmmt__wrap(st, "a host pool keeps its control table in shared host memory; "
+                                  "allow memfd_create (the seccomp profile), or make a device "
+                                  "pool (memory_location=device), which keeps its table in "
+                                  "device memory then");
         return st;
     }
+    st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
+    if (st != VMMT_OK) return st;
+    /* A shared host table was made with the layout. */
+    if (p->host_table) return VMMT_OK;
     p->ctrl_dev = p->map.base;
     st = VMMT_CU(d, cuMemAllocHost((void **)&p->table_host, p->table_bytes));
     if (st != VMMT_OK) return st;
