@@ -71,10 +71,20 @@ static int connect_failed(const struct vmmt__broker_addr *addr, const char *wher
 {
     const char *hint = "is the producer running, and does the descriptor name its broker?";
 
+    /*
+     * A path broker's file permissions refuse a user the broker's own check
+     * would: the same refusal, so the same status as its VMMT_EPERM reply
+     * (VMMT_ESYS reads as "the producer is gone").
+     */
     if (err == EACCES || err == EPERM)
-        hint = "the socket file's permissions refuse this user; ask the producer to add this "
-               "uid to the pool's allowed uids";
-    else if (addr->kind == VMMT_BROKER_ADDR_ABSTRACT && err == ECONNREFUSED)
+        return vmmt__fail(VMMT_EPERM,
+                          PREFIX "cannot connect to %s: %s; uid %u is refused by the socket "
+                                 "file's mode (0600 unless the pool allows other uids) or by "
+                                 "its directory's: ask the producer to add this uid to the "
+                                 "pool's allowed uids, and to make the directory searchable "
+                                 "by it",
+                          where, strerror(err), (unsigned)geteuid());
+    if (addr->kind == VMMT_BROKER_ADDR_ABSTRACT && err == ECONNREFUSED)
         hint = "is the producer running? abstract sockets exist per network namespace: across "
                "containers, give the broker a filesystem path";
     return vmmt__fail(VMMT_ESYS, PREFIX "cannot connect to %s: %s; %s", where, strerror(err), hint);

@@ -274,6 +274,23 @@ static void test_path_mode(void **state)
     assert_true(S_ISSOCK(st.st_mode));
     assert_int_equal(st.st_mode & 0777, 0600);
     fetch_same(b, pool_fd);
+    /*
+     * Caught (issue 16, defect 17): the file's mode (or the directory's) refused
+     * another user at connect, and the client said VMMT_ESYS, which
+     * docs/integration.md reads as "the producer died". A refusal is
+     * VMMT_EPERM, as the broker's own is, and says to allow the uid.
+     */
+    if (geteuid() == 0) {
+        char *argv[] = {path,    (char *)POOL_HEX,
+                        "65534", "expect",
+                        "-12",   "add this uid to the pool's allowed uids",
+                        NULL};
+        assert_int_equal(chmod(dir, 0711), 0); /* the file refuses */
+        assert_int_equal(tu_wait(tu_spawn("broker_fetch", argv, -1), 10000), 0);
+        assert_int_equal(chmod(dir, 0700), 0); /* mkdtemp's: the directory refuses */
+        argv[5] = "its directory";
+        assert_int_equal(tu_wait(tu_spawn("broker_fetch", argv, -1), 10000), 0);
+    }
     vmmt__broker_stop(b);
     assert_int_equal(lstat(path, &st), -1);
     assert_int_equal(errno, ENOENT);
