@@ -315,7 +315,10 @@ typedef struct vmmt_pool_config {
      * POSIX_FD pools keep their control table in host memory shared with the
      * consumers (plain loads to check ready flags and acknowledgements, no
      * driver call). Set this to keep it in device memory instead, as FABRIC
-     * pools always do. Default 0.
+     * pools always do. Default 0. Where memfd_create is refused (a seccomp
+     * profile), a fixed device pool keeps it in device memory anyway, and
+     * logs a warning saying why; host and elastic pools need the shared
+     * table and fail (VMMT_ENOTSUP).
      */
     int device_control_table;
     /*

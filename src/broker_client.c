@@ -71,10 +71,20 @@ static int connect_failed(const struct vmmt__broker_addr *addr, const char *wher
 {
     const char *hint = "is the producer running, and does the descriptor name its broker?";
 
+    /*
+     * A path broker's file permissions refuse a user the broker's own check
+     * would: the same refusal, so the same status as its VMMT_EPERM reply
+     * (VMMT_ESYS reads as "the producer is gone").
+     */
     if (err == EACCES || err == EPERM)
-        hint = "the socket file's permissions refuse this user; ask the producer to add this "
-               "uid to the pool's allowed uids";
-    else if (addr->kind == VMMT_BROKER_ADDR_ABSTRACT && err == ECONNREFUSED)
+        return vmmt__fail(VMMT_EPERM,
+                          PREFIX "cannot connect to %s: %s; uid %u is refused by the socket "
+                                 "file's mode (0600 unless the pool allows other uids) or by "
+                                 "its directory's: ask the producer to add this uid to the "
+                                 "pool's allowed uids, and to make the directory searchable "
+                                 "by it",
+                          where, strerror(err), (unsigned)geteuid());
+    if (addr->kind == VMMT_BROKER_ADDR_ABSTRACT && err == ECONNREFUSED)
         hint = "is the producer running? abstract sockets exist per network namespace: across "
                "containers, give the broker a filesystem path";
     return vmmt__fail(VMMT_ESYS, PREFIX "cannot connect to %s: %s; %s", where, strerror(err), hint);
@@ -126,6 +136,69 @@ static int client_connect(const struct vmmt__broker_addr *addr, const char *wher
     return VMMT_OK;
 }
 
+/* The text of a small /proc file, NUL-terminated; false if it cannot be read. */
+static bool read_proc(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, cap - 1) : -1;
+
+    if (fd >= 0) close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    return n > 0;
+}
+
+static bool same_userns(pid_t pid)
+{
+    char path[64];
+    struct stat a, b;
+
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+    return stat("/proc/self/ns/user", &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino &&
+           a.st_dev == b.st_dev;
+}
+
+/*
+ * Why a server of another uid than the descriptor's may be the producer
+ * after all: a user namespace between the two maps the one uid to the other
+ * (a rootless producer, a consumer in a container). Empty when no map says so.
+ */
+static void userns_hint(uint32_t named, uid_t seen, pid_t pid, char *buf, size_t cap)
+{
+    char map[4096], path[64], overflow[16] = "65534";
+    uint32_t m;
+
+    buf[0] = '\0';
+    snprintf(path, sizeof path, "/proc/%d/uid_map", (int)pid);
+    /*
+     * Read from another user namespace, a process's map takes its uids to
+     * ours, whichever namespace is the other's parent. Where its pid is not
+     * visible (another pid namespace) our own map is all there is.
+     */
+    if (pid > 0 && !same_userns(pid) && read_proc(path, map, sizeof map) &&
+        vmmt__uid_map_find(map, 1, named, &m) && m == seen) {
+        snprintf(buf, cap,
+                 "the server is in another user namespace, where uid %u (the descriptor's) is "
+                 "uid %u here (%s)",
+                 named, (unsigned)seen, path);
+        return;
+    }
+    if (!read_proc("/proc/self/uid_map", map, sizeof map)) return;
+    if (vmmt__uid_map_find(map, 0, named, &m)) {
+        if (m == seen && m != named)
+            snprintf(buf, cap,
+                     "this process is in a user namespace where uid %u outside it (the "
+                     "descriptor's) is uid %u (/proc/self/uid_map)",
+                     named, (unsigned)seen);
+        return;
+    }
+    read_proc("/proc/sys/kernel/overflowuid", overflow, sizeof overflow);
+    if (seen == (uid_t)strtoul(overflow, NULL, 10))
+        snprintf(buf, cap,
+                 "the descriptor's uid %u has no mapping in this process's user namespace "
+                 "(/proc/self/uid_map), where the server's uid shows as the overflow uid %u",
+                 named, (unsigned)seen);
+}
+
 /*
  * Is the server the producer? SO_PEERCRED on a connected socket gives the
  * credentials of the process that created the listener: an impostor bound at
@@ -137,11 +210,24 @@ static int check_server(int s, const struct vmmt__broker_peer *expect, const cha
 {
     struct ucred cred;
     socklen_t cl = sizeof cred;
+    char hint[320] = "";
 
     if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0)
         return vmmt__sys_fail(PREFIX "cannot read the credentials of the server at %s", where);
     *pid_out = cred.pid;
     if (cred.uid == expect->uid && (expect->pid == 0 || cred.pid == expect->pid)) return VMMT_OK;
+    if (cred.uid != expect->uid) userns_hint(expect->uid, cred.uid, cred.pid, hint, sizeof hint);
+    /* Not "has the producer exited?": the fix is the deployment's, not a retry. */
+    if (hint[0] != '\0')
+        return vmmt__fail(VMMT_EPERM,
+                          PREFIX "the server at %s runs as uid %u pid %d, the descriptor names "
+                                 "uid %u%s%.0d: %s. Uids are compared as this process sees "
+                                 "them, so it is refused: run the producer and its consumers in "
+                                 "one user namespace, or map the producer's uid to the same "
+                                 "number in both (and add this process's uid to the pool's "
+                                 "allowed uids if it differs)",
+                          where, (unsigned)cred.uid, (int)cred.pid, (unsigned)expect->uid,
+                          expect->pid != 0 ? " pid " : "", (int)expect->pid, hint);
     return vmmt__fail(VMMT_EPERM,
                       PREFIX "the server at %s is not the producer: it runs as uid %u pid %d, the "
                              "descriptor names uid %u%s%.0d; another process holds the "

@@ -6,6 +6,7 @@
 #include "broker_wire.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *vmmt__breq_parse(const uint8_t *req, long n, uint16_t *flags, uint8_t pool_id[16],
@@ -60,4 +61,38 @@ const char *vmmt__bmsg_parse(const uint8_t *buf, long n, int ranks, struct vmmt_
         return why;
     }
     return NULL;
+}
+
+/* The three numbers of one uid_map line ("inside outside count"); 0 if it has fewer. */
+static int map_line(const char *line, size_t len, unsigned long long v[3])
+{
+    char buf[96], *p = buf, *end;
+
+    if (len >= sizeof buf) return 0;
+    memcpy(buf, line, len);
+    buf[len] = '\0';
+    for (int i = 0; i < 3; i++, p = end) {
+        v[i] = strtoull(p, &end, 10);
+        if (end == p) return 0;
+    }
+    return 1;
+}
+
+int vmmt__uid_map_find(const char *map, int outward, uint32_t uid, uint32_t *out)
+{
+    for (const char *line = map; line != NULL && *line != '\0';) {
+        const char *nl = strchr(line, '\n');
+        size_t len = nl != NULL ? (size_t)(nl - line) : strlen(line);
+        unsigned long long v[3];
+
+        if (map_line(line, len, v)) {
+            unsigned long long from = outward ? v[0] : v[1], to = outward ? v[1] : v[0];
+            if (uid >= from && uid - from < v[2] && to + (uid - from) <= UINT32_MAX) {
+                *out = (uint32_t)(to + (uid - from));
+                return 1;
+            }
+        }
+        line = nl != NULL ? nl + 1 : NULL;
+    }
+    return 0;
 }

@@ -98,6 +98,13 @@ int vmmt__brep_check(const uint8_t *buf, long len, int msg_flags, int nfds,
 const char *vmmt__breq_parse(const uint8_t *buf, long n, uint16_t *flags, uint8_t pool_id[16],
                              char *why, size_t cap);
 
+/*
+ * A uid through a user namespace's map (the text of /proc/PID/uid_map: lines
+ * "inside outside count"): inside to outside, or outside to inside when
+ * `outward` is 0. 1 with *out set when a line covers uid, else 0.
+ */
+int vmmt__uid_map_find(const char *map, int outward, uint32_t uid, uint32_t *out);
+
 /* The address checked for use by a client: kind known, length 1..107, no NUL in a path. */
 int vmmt__broker_addr_check(const struct vmmt__broker_addr *addr);
 

@@ -5,6 +5,7 @@
  */
 #include "ctrl.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
@@ -69,6 +70,16 @@ static int create_shared(size_t bytes, int register_with_driver, struct vmmt__ct
 
     init(c, bytes);
     c->fd = memfd_create("vmmt-control", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    /*
+     * Refused outright (a container's seccomp profile, an LSM) is not a
+     * failure of the moment: VMMT_ENOTSUP tells the pool to keep its table
+     * elsewhere where it can, instead of failing the way a full fd table does.
+     */
+    if (c->fd < 0 && (errno == ENOSYS || errno == EPERM || errno == EACCES))
+        return vmmt__fail(VMMT_ENOTSUP,
+                          "memfd_create for the control table: %s (refused by the kernel or a "
+                          "seccomp filter)",
+                          strerror(errno));
     if (c->fd < 0) return vmmt__sys_fail("memfd_create for the control table");
     if (ftruncate(c->fd, (off_t)c->bytes) != 0) {
         st = vmmt__sys_fail("sizing the control table to %zu bytes", c->bytes);

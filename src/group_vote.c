@@ -58,13 +58,20 @@ static int check_hellos(const struct vmmt__group_hello *h, int world)
     return VMMT_OK;
 }
 
-/* Append to msg (cap bytes) without overflowing. */
-static void add(char *msg, size_t cap, const char *fmt, const char *a, int r, const char *b)
+/*
+ * Append " rank r: <what><cause>;" to msg (cap bytes) without overflowing.
+ * A cause is a peer's bytes: printed up to its field's end, NUL or not.
+ */
+static void add(char *msg, size_t cap, int r, const char *what, const char *cause)
 {
     size_t n = strlen(msg);
 
-    if (n + 1 < cap) snprintf(msg + n, cap - n, fmt, a, r, b);
+    if (n + 1 < cap)
+        snprintf(msg + n, cap - n, " rank %d: %s%.*s;", r, what, VMMT__GROUP_CAUSE_LEN, cause);
 }
+
+/* A peer's node name for "%.*s": its field's bytes up to a NUL or the field's end. */
+#define NODE(field) VMMT__GROUP_NODE_LEN, (field)
 
 static int all_one_node(const struct vmmt__group_hello *h, int world, int *other)
 {
@@ -108,27 +115,27 @@ int vmmt__group_vote(const struct vmmt__group_hello *h, int world, vmmt_handle_t
     one_node = all_one_node(h, world, &other);
     if (fabric_all && want != VMMT_HANDLE_POSIX_FD) return *out = VMMT_HANDLE_FABRIC, VMMT_OK;
     if (!one_node && want != VMMT_HANDLE_POSIX_FD) {
-        snprintf(msg, sizeof msg,
-                 "ranks 0 and %d are on different nodes (%s, %s) and FABRIC handles do not work "
-                 "on every rank; POSIX descriptors cannot cross nodes. Give every rank an IMEX "
-                 "channel (" VMMT__IMEX_CHANNELS "/channelN, from the nvidia-imex service) so "
-                 "that FABRIC works.",
-                 other, h[0].node, h[other].node);
+        snprintf(
+            msg, sizeof msg,
+            "ranks 0 and %d are on different nodes (%.*s, %.*s) and FABRIC handles do not work "
+            "on every rank; POSIX descriptors cannot cross nodes. Give every rank an IMEX "
+            "channel (" VMMT__IMEX_CHANNELS "/channelN, from the nvidia-imex service) so "
+            "that FABRIC works.",
+            other, NODE(h[0].node), NODE(h[other].node));
         for (int r = 0; r < world; r++)
-            if (!h[r].fabric_ok)
-                add(msg, sizeof msg, "%s rank %d: FABRIC: %s;", "", r, h[r].fabric_cause);
+            if (!h[r].fabric_ok) add(msg, sizeof msg, r, "FABRIC: ", h[r].fabric_cause);
         return vmmt__fail(VMMT_ENOTSUP, "%s", msg);
     }
     if (!one_node)
         return vmmt__fail(VMMT_ENOTSUP,
                           "POSIX_FD was asked for, but ranks 0 and %d are on different nodes "
-                          "(%s, %s) and descriptors cannot cross nodes; use FABRIC (an IMEX "
+                          "(%.*s, %.*s) and descriptors cannot cross nodes; use FABRIC (an IMEX "
                           "channel on every rank) or auto",
-                          other, h[0].node, h[other].node);
+                          other, NODE(h[0].node), NODE(h[other].node));
     if (want == VMMT_HANDLE_FABRIC) {
         snprintf(msg, sizeof msg, "FABRIC was asked for but does not work on every rank:");
         for (int r = 0; r < world; r++)
-            if (!h[r].fabric_ok) add(msg, sizeof msg, "%s rank %d: %s;", "", r, h[r].fabric_cause);
+            if (!h[r].fabric_ok) add(msg, sizeof msg, r, "", h[r].fabric_cause);
         return vmmt__fail(VMMT_ENOTSUP, "%s use auto to fall back to POSIX_FD", msg);
     }
     if (posix_all) return *out = VMMT_HANDLE_POSIX_FD, VMMT_OK;
@@ -137,9 +144,8 @@ int vmmt__group_vote(const struct vmmt__group_hello *h, int world, vmmt_handle_t
              "on all):");
     for (int r = 0; r < world; r++) {
         if (h[r].posix_ok) continue;
-        add(msg, sizeof msg, "%s rank %d: POSIX_FD: %s;", "", r, h[r].posix_cause);
-        if (!h[r].fabric_ok)
-            add(msg, sizeof msg, "%s rank %d: FABRIC: %s;", "", r, h[r].fabric_cause);
+        add(msg, sizeof msg, r, "POSIX_FD: ", h[r].posix_cause);
+        if (!h[r].fabric_ok) add(msg, sizeof msg, r, "FABRIC: ", h[r].fabric_cause);
     }
     return vmmt__fail(VMMT_ENOTSUP, "%s", msg);
 }

@@ -81,6 +81,13 @@ static int check_config(const vmmt_pool_config *c)
     if (c->consumer_lease_ms < 0)
         return vmmt__fail(VMMT_EINVAL, "consumer_lease_ms=%d must be 0 (off) or positive",
                           c->consumer_lease_ms);
+    /* An unknown value would only surface later, as advice about something else. */
+    if (c->handle_type != VMMT_HANDLE_AUTO && c->handle_type != VMMT_HANDLE_NONE &&
+        c->handle_type != VMMT_HANDLE_POSIX_FD && c->handle_type != VMMT_HANDLE_FABRIC)
+        return vmmt__fail(VMMT_EINVAL,
+                          "handle_type=%d is not a handle type; use auto (-1), posix_fd (1) or "
+                          "fabric (8)",
+                          (int)c->handle_type);
     if (c->handle_type == VMMT_HANDLE_NONE)
         return vmmt__fail(VMMT_EINVAL,
                           "handle_type=none cannot be shared with other processes; use auto, "
@@ -103,9 +110,12 @@ static int check_config(const vmmt_pool_config *c)
                           strlen(c->broker_path));
     if (c->handoff != VMMT_HANDOFF_AUTO && c->handoff != VMMT_HANDOFF_STREAM &&
         c->handoff != VMMT_HANDOFF_SYNC)
-        return vmmt__fail(VMMT_EINVAL, "handoff=%d is not a hand-off mode", (int)c->handoff);
+        return vmmt__fail(VMMT_EINVAL,
+                          "handoff=%d is not a hand-off mode; use auto (0), stream (1) or sync (2)",
+                          (int)c->handoff);
     if (c->memory_location != VMMT_MEMORY_DEVICE && c->memory_location != VMMT_MEMORY_HOST)
-        return vmmt__fail(VMMT_EINVAL, "memory_location=%d is neither device (0) nor host (1)",
+        return vmmt__fail(VMMT_EINVAL,
+                          "memory_location=%d is not a memory location; use device (0) or host (1)",
                           (int)c->memory_location);
     if (c->memory_location == VMMT_MEMORY_HOST && c->handle_type == VMMT_HANDLE_FABRIC)
         return vmmt__fail(VMMT_EINVAL, "a host pool is shared within one node through a POSIX fd; "
@@ -173,14 +183,43 @@ static int allocate(struct vmmt_pool *p)
     return allocate(p);
 }
 
+/*
+ * A POSIX_FD device pool's shared host table, made before the layout because
+ * where the table lives decides where the data starts. Where memfd_create is
+ * refused (a container's seccomp profile, say), a fixed pool keeps its table
+ * at the start of the allocation, as device_control_table=1 asks, and works
+ * there; an elastic pool's chunk words must be shared host memory.
+ */
+static int make_shared_table(struct vmmt_pool *p)
+{
+    uint64_t words = p->el ? vmmt__elastic_words_bytes(p->map.size, p->el->chunk) : 0;
+    int st = vmmt__ctrl_create_shared(p->table_bytes + words, &p->ctrl);
+
+    p->table_host = p->ctrl.host;
+    p->ctrl_dev = p->ctrl.dev;
+    if (st != VMMT_ENOTSUP) return st;
+    if (p->el != NULL)
+        return vmmt__wrap(st, "an elastic pool shares its control table and chunk words in host "
+                              "memory; allow memfd_create (the seccomp profile), or make a fixed "
+                              "pool (elastic=0), which keeps its table in device memory then");
+    vmmt__log(VMMT_LOG_WARN,
+              "%s; the control table goes into device memory, as device_control_table=1 "
+              "would put it (consumers check ready flags through the driver)",
+              vmmt_last_error());
+    p->host_table = 0;
+    return VMMT_OK;
+}
+
 static int layout(struct vmmt_pool *p)
 {
     uint64_t data;
+    int st;
 
     p->slots = p->cfg.max_slices;
     p->stride = vmmt__ctrl_stride((uint32_t)p->cfg.consumer_count);
     p->table_bytes = (uint64_t)p->slots * p->stride;
     p->host_table = p->type == VMMT_HANDLE_POSIX_FD && !p->cfg.device_control_table;
+    if (p->host_table && !p->host_mem && (st = make_shared_table(p)) != VMMT_OK) return st;
     if (p->host_table)
         data = 0; /* the whole allocation is data */
     else if (vmmt__align_up(p->table_bytes, VMMT__DATA_ALIGN, &data) != VMMT_OK)
@@ -214,23 +253,26 @@ static int alloc_host_state(struct vmmt_pool *p)
     return VMMT_OK;
 }
 
-/* The pool's stream, and its zeroed control table: shared host memory, or device memory and a
- * pinned copy. */
+/* The pool's stream, and its zeroed control table: shared host memory (a device pool's was made
+ * with the layout), or device memory and a pinned copy. */
 static int setup_stream(struct vmmt_pool *p)
 {
     const struct vmmt_drv *d = vmmt__drv();
     int st;
 
-    if (p->host_mem) return vmmt__host_pool_table(p);
-    st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
-    if (st != VMMT_OK) return st;
-    if (p->host_table) {
-        uint64_t words = p->el ? vmmt__elastic_words_bytes(p->map.size, p->el->chunk) : 0;
-        st = vmmt__ctrl_create_shared(p->table_bytes + words, &p->ctrl);
-        p->table_host = p->ctrl.host;
-        p->ctrl_dev = p->ctrl.dev;
+    if (p->host_mem) {
+        st = vmmt__host_pool_table(p);
+        if (st == VMMT_ENOTSUP)
+            return vmmt__wrap(st, "a host pool keeps its control table in shared host memory; "
+                                  "allow memfd_create (the seccomp profile), or make a device "
+                                  "pool (memory_location=device), which keeps its table in "
+                                  "device memory then");
         return st;
     }
+    st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
+    if (st != VMMT_OK) return st;
+    /* A shared host table was made with the layout. */
+    if (p->host_table) return VMMT_OK;
     p->ctrl_dev = p->map.base;
     st = VMMT_CU(d, cuMemAllocHost((void **)&p->table_host, p->table_bytes));
     if (st != VMMT_OK) return st;

@@ -15,12 +15,15 @@
  *   broker_fetch ADDRESS POOL_HEX32 UID expect STATUS TEXT
  *       the fetch must fail with STATUS and a message containing TEXT
  *
- * UID is -1 to keep the current user; otherwise the child drops to it first
+ * UID is -1 to keep the current user; "userns" to enter a user namespace of
+ * its own where it is uid 1000, mapped to the current user (exit 77 where
+ * user namespaces are refused); otherwise the child drops to it first
  * (which needs root). The broker must be the parent process, running as the
  * child's user before any drop. Exit status 0 means the expectation held.
  */
 #include <errno.h>
 #include <grp.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +36,34 @@
 
 /* The server every fetch must find: the parent, as the user we started as. */
 static struct vmmt__broker_peer parent;
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    int ok = f != NULL && fputs(text, f) >= 0;
+
+    if (f != NULL && fclose(f) != 0) ok = 0;
+    if (!ok) perror(path);
+    return ok ? 0 : -1;
+}
+
+/* Be uid and gid 1000 in a new user namespace, mapped to our own outside it. */
+static int enter_userns(void)
+{
+    char uid_map[32], gid_map[32];
+
+    snprintf(uid_map, sizeof uid_map, "1000 %u 1\n", (unsigned)geteuid());
+    snprintf(gid_map, sizeof gid_map, "1000 %u 1\n", (unsigned)getegid());
+    if (unshare(CLONE_NEWUSER) != 0) {
+        perror("broker_fetch: unshare(CLONE_NEWUSER)");
+        return 77;
+    }
+    if (write_file("/proc/self/setgroups", "deny") != 0 ||
+        write_file("/proc/self/uid_map", uid_map) != 0 ||
+        write_file("/proc/self/gid_map", gid_map) != 0)
+        return 77;
+    return 0;
+}
 
 static int drop_to(long uid)
 {
@@ -158,7 +189,12 @@ int main(int argc, char **argv)
     }
     parent.uid = geteuid();
     parent.pid = getppid();
-    if (drop_to(strtol(argv[3], NULL, 10)) != 0) return 3;
+    if (strcmp(argv[3], "userns") == 0) {
+        int rc = enter_userns();
+        if (rc != 0) return rc;
+    } else if (drop_to(strtol(argv[3], NULL, 10)) != 0) {
+        return 3;
+    }
     if (strcmp(argv[4], "write") == 0) return do_write(&addr, id);
     if (strcmp(argv[4], "truncate") == 0) return do_truncate(&addr, id);
     if (strcmp(argv[4], "hold") == 0 && (argc == 7 || argc == 8))

@@ -98,6 +98,53 @@ static void test_vote(void **state)
     assert_int_equal(vmmt__group_vote(h, 3, &t), VMMT_EPROTO);
 }
 
+/* The thread's error holds `n` copies of c followed by `after`. */
+static void assert_error_has_run(char c, size_t n, const char *after)
+{
+    char *want = malloc(n + strlen(after) + 1);
+
+    assert_non_null(want);
+    memset(want, c, n);
+    strcpy(want + n, after);
+    assert_error_contains(want);
+    free(want);
+}
+
+/*
+ * A peer's hello is bytes off the wire: a string field that fills its array
+ * without a NUL is printed up to the field's end and no further (not into the
+ * next field, nor past the last hello: AddressSanitizer's heap-buffer-overflow
+ * before the bound).
+ */
+static void test_vote_unterminated_strings(void **state)
+{
+    struct vmmt__group_hello *h = calloc(2, sizeof *h);
+    vmmt_handle_type t;
+
+    (void)state;
+    assert_non_null(h);
+    hello(&h[0], 0, 2, 0, 0, "n");
+    hello(&h[1], 1, 2, 0, 0, "n");
+    memset(h[1].fabric_cause, 'F', sizeof h[1].fabric_cause);
+    /* The last field of the last hello: the allocation ends right after it. */
+    memset(h[1].posix_cause, 'P', sizeof h[1].posix_cause);
+    assert_int_equal(vmmt__group_vote(h, 2, &t), VMMT_ENOTSUP);
+    assert_error_has_run('F', sizeof h[1].fabric_cause, ";");
+    assert_error_has_run('P', sizeof h[1].posix_cause, ";");
+
+    /* Node names, in the message about ranks on different nodes. */
+    h[1].posix_ok = 1;
+    memset(h[0].node, 'M', sizeof h[0].node);
+    memset(h[1].node, 'N', sizeof h[1].node);
+    assert_int_equal(vmmt__group_vote(h, 2, &t), VMMT_ENOTSUP);
+    assert_error_has_run('N', sizeof h[1].node, ") and FABRIC");
+    assert_error_has_run('M', sizeof h[0].node, ", N");
+    h[0].requested = VMMT_HANDLE_POSIX_FD;
+    assert_int_equal(vmmt__group_vote(h, 2, &t), VMMT_ENOTSUP);
+    assert_error_has_run('N', sizeof h[1].node, ") and descriptors");
+    free(h);
+}
+
 /* ------------------------------------------------ exchange, hostile peer */
 
 enum peer_act {
@@ -360,6 +407,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vote),
+        cmocka_unit_test(test_vote_unterminated_strings),
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_exchange_hostile_peer),
         cmocka_unit_test(test_exchange_refuses_impostor_listener),
