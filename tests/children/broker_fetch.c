@@ -20,7 +20,6 @@
  * child's user before any drop. Exit status 0 means the expectation held.
  */
 #include <errno.h>
-#include <grp.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,16 +32,6 @@
 
 /* The server every fetch must find: the parent, as the user we started as. */
 static struct vmmt__broker_peer parent;
-
-static int drop_to(long uid)
-{
-    if (uid < 0) return 0;
-    if (setgroups(0, NULL) != 0 || setgid((gid_t)uid) != 0 || setuid((uid_t)uid) != 0) {
-        perror("broker_fetch: dropping privileges");
-        return -1;
-    }
-    return 0;
-}
 
 static int do_write(const struct vmmt__broker_addr *addr, const uint8_t id[16])
 {
@@ -158,7 +147,7 @@ int main(int argc, char **argv)
     }
     parent.uid = geteuid();
     parent.pid = getppid();
-    if (drop_to(strtol(argv[3], NULL, 10)) != 0) return 3;
+    if (tu_drop_to(strtol(argv[3], NULL, 10), "broker_fetch") != 0) return 3;
     if (strcmp(argv[4], "write") == 0) return do_write(&addr, id);
     if (strcmp(argv[4], "truncate") == 0) return do_truncate(&addr, id);
     if (strcmp(argv[4], "hold") == 0 && (argc == 7 || argc == 8))
