@@ -623,6 +623,30 @@ static int paths_missing(const struct soak *k, const vmmt_pool_stats *st, char *
     return missing;
 }
 
+/*
+ * The producer's fd count once the broker has let go of the consumers. It
+ * closes an exited consumer's link (and the pidfd it watched the process
+ * with) on its own thread when it sees the process gone: a moment after the
+ * producer reaped it, later still on a busy machine, where a count taken at
+ * once came out high (with the broker's closes held back 100 ms it reads 11
+ * -> 17 every time). So the count waits for no link to be open and, where
+ * counts are exact, for the fds to be back, at most WAIT_MS: what is still
+ * open then is a leak, which the caller reports.
+ */
+static int settled_fds(vmmt_pool *pool, int want, int exact)
+{
+    struct timespec pause = {0, 1000000};
+    vmmt_pool_stats st;
+    int fds = tu_count_fds();
+
+    for (double until = now_s() + WAIT_MS / 1000.0; now_s() < until; fds = tu_count_fds()) {
+        if (vmmt_pool_get_stats(pool, &st) != VMMT_OK) die("stats");
+        if (st.consumer_links == 0 && (!exact || fds == want)) break;
+        nanosleep(&pause, NULL);
+    }
+    return fds;
+}
+
 static int producer_main(double seconds, int nconsumers, uint64_t seed, int device_table)
 {
     static struct soak k;
@@ -701,8 +725,9 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
         fprintf(stderr, "soak: the pool does not drain: %s\n", vmmt_last_error());
         failed = 1;
     }
+    exact = strcmp(vmmt_driver_name(), "emu") == 0;
+    fds_after = settled_fds(k.pool, before.fds, exact);
     if (vmmt_pool_get_stats(k.pool, &st) != VMMT_OK) die("stats");
-    fds_after = tu_count_fds();
     maps_after = tu_count_maps();
     printf("soak: %.0f s, %d consumers, seed %" PRIu64 ": %" PRIu64 " publishes (%" PRIu64
            " packed, %" PRIu64 " of them completed by every rank, %" PRIu64 " cancelled), %" PRIu64
@@ -716,7 +741,11 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
            k.replays_refused, k.dropped, k.evicted, k.evict_refused, k.full, k.kills, k.left_acked,
            k.wrong_bytes, k.failures, st.in_flight, st.recycled, st.rank_releases,
            st.released_slices, before.fds, fds_after, before.maps, maps_after);
-    exact = strcmp(vmmt_driver_name(), "emu") == 0;
+    if (st.consumer_links != 0) {
+        fprintf(stderr, "soak: %u liveness links still open with every consumer gone\n",
+                st.consumer_links);
+        failed = 1;
+    }
     if (k.wrong_bytes || k.failures || st.in_flight != 0 || (exact && fds_after != before.fds) ||
         (exact && maps_after != before.maps && !MAPS_GROW_ON_THEIR_OWN))
         failed = 1;
