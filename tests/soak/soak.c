@@ -152,11 +152,14 @@ static void send_all(int fd, const void *p, size_t n)
  */
 static uint32_t replay(vmmt_consumer *c, const struct msg *m, CUdeviceptr dst, CUstream s, int rank)
 {
+    static int printed;
     int st = vmmt_consume(c, &m->desc, 0, dst, MAX_BYTES, s, rank, 1);
 
     if (st == VMMT_ESTATE) return DID_REPLAY_REFUSED;
-    fprintf(stderr, "soak: rank %d item %u member %u consumed twice: %s (%s)\n", rank, m->item,
-            m->member, vmmt_strerror(st), st == VMMT_OK ? "accepted" : vmmt_last_error());
+    /* A few are enough to say what went wrong; the producer counts them all as failed calls. */
+    if (printed++ < 3)
+        fprintf(stderr, "soak: rank %d item %u member %u consumed twice: %s (%s)\n", rank, m->item,
+                m->member, vmmt_strerror(st), st == VMMT_OK ? "accepted" : vmmt_last_error());
     return DID_FAIL;
 }
 
@@ -167,7 +170,7 @@ static uint32_t replay(vmmt_consumer *c, const struct msg *m, CUdeviceptr dst, C
  */
 static uint32_t evict(vmmt_consumer *c, const struct msg *m, CUstream s, int rank)
 {
-    static int refusals_printed;
+    static int printed;
     vmmt_desc_info info;
     int st;
 
@@ -180,8 +183,8 @@ static uint32_t evict(vmmt_consumer *c, const struct msg *m, CUstream s, int ran
     }
     st = vmmt_consumer_evict(c, info.pool_id, 0);
     if (st != VMMT_OK) {
-        /* A few are enough to say why; the producer counts them all. */
-        if (refusals_printed++ < 3)
+        /* As for replays: a few printed, all counted. */
+        if (printed++ < 3)
             fprintf(stderr, "soak: rank %d evict after item %u: %s\n", rank, m->item,
                     vmmt_last_error());
         return DID_EVICT_REFUSED;
