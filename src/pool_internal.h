@@ -136,6 +136,8 @@ void vmmt__pool_quarantine(struct vmmt_pool *p);
 int vmmt__recycler_start(struct vmmt_pool *p);
 void vmmt__recycler_stop(struct vmmt_pool *p);
 int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed);
+/* A shared table's reclaim under the pool's lock (recycle.c); 0 for a device table. */
+uint32_t vmmt__pool_sweep_locked(struct vmmt_pool *p);
 
 /*
  * Write slot's RETIRED word now (src/generation.h): a CPU store into a

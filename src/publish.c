@@ -118,7 +118,9 @@ static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
 
     pthread_mutex_lock(&p->lock);
     st = reserve_locked(p, bytes, slot);
-    if (st == VMMT_EFULL && p->in_flight > 0) {
+    if (st == VMMT_EFULL && p->in_flight > 0 && vmmt__pool_sweep_locked(p) > 0)
+        st = reserve_locked(p, bytes, slot);
+    if (st == VMMT_EFULL && p->in_flight > 0 && !p->host_table) {
         pthread_mutex_unlock(&p->lock);
         vmmt__pool_reclaim(p, NULL);
         pthread_mutex_lock(&p->lock);

@@ -41,7 +41,11 @@ static int row_done(const struct vmmt_pool *p, uint32_t slot, uint32_t gen, int 
     return 1;
 }
 
-/* The slots the snapshot shows finished, marked SLOT_RETIRING, into p->retiring; lock held. */
+/*
+ * A device table's slots the snapshot shows finished, marked SLOT_RETIRING,
+ * into p->retiring; lock held. Their words are written without the lock
+ * (write_ready waits for the stream), then settle frees them.
+ */
 #define RETIRING_CANCELLED 0x80000000u
 
 static uint32_t collect(struct vmmt_pool *p)
@@ -136,6 +140,36 @@ static void settle(struct vmmt_pool *p, uint32_t n, int retired)
     }
 }
 
+/*
+ * A shared table's sweep in one hold of the pool's lock: the recycler's, and
+ * a publish's that found the pool full, which frees and takes in one
+ * critical section, so that other publishers cannot take every slice it
+ * frees before it looks again (tests/unit/test_pool_races.c,
+ * test_publish_finds_acknowledged_slots). The RETIRED word is a CPU store,
+ * so nothing here waits. Lock held.
+ */
+uint32_t vmmt__pool_sweep_locked(struct vmmt_pool *p)
+{
+    uint32_t freed = 0;
+
+    if (!p->host_table) return 0;
+    for (uint32_t i = 0; i < p->slots && p->in_flight > 0; i++) {
+        struct vmmt__slot *s = &p->slot[i];
+        int cancelled = s->state == SLOT_CANCELLED;
+        if (s->state != SLOT_IN_FLIGHT && !cancelled) continue;
+        if (!row_done(p, i, s->generation, !cancelled)) continue;
+        __atomic_store_n(p->table_host + vmmt__ctrl_ready(0, p->stride, i) / 4,
+                         vmmt__gen_retired(s->generation), __ATOMIC_RELEASE);
+        p->in_flight--;
+        p->in_flight_bytes -= s->slice_bytes;
+        if (!cancelled) p->recycled++;
+        vmmt__slot_release(p, i);
+        freed++;
+    }
+    if (freed > 0) pthread_cond_broadcast(&p->changed);
+    return freed;
+}
+
 static int write_ready_now(struct vmmt_pool *p, uint32_t slot, int pending)
 {
     int st;
@@ -182,7 +216,13 @@ int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed)
     busy = p->in_flight > 0 && p->table_host != NULL;
     pthread_mutex_unlock(&p->lock);
     if (busy) st = vmmt__pool_read_table(p);
-    if (busy && st == VMMT_OK) {
+    if (busy && st == VMMT_OK && p->host_table) {
+        /* CPU loads and stores only: one critical section, no slot ever RETIRING. */
+        pthread_mutex_lock(&p->lock);
+        p->reclaims++;
+        n = vmmt__pool_sweep_locked(p);
+        pthread_mutex_unlock(&p->lock);
+    } else if (busy && st == VMMT_OK) {
         uint32_t found;
         pthread_mutex_lock(&p->lock);
         p->reclaims++;

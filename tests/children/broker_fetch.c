@@ -22,7 +22,6 @@
  * child's user before any drop. Exit status 0 means the expectation held.
  */
 #include <errno.h>
-#include <grp.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -62,16 +61,6 @@ static int enter_userns(void)
         write_file("/proc/self/uid_map", uid_map) != 0 ||
         write_file("/proc/self/gid_map", gid_map) != 0)
         return 77;
-    return 0;
-}
-
-static int drop_to(long uid)
-{
-    if (uid < 0) return 0;
-    if (setgroups(0, NULL) != 0 || setgid((gid_t)uid) != 0 || setuid((uid_t)uid) != 0) {
-        perror("broker_fetch: dropping privileges");
-        return -1;
-    }
     return 0;
 }
 
@@ -192,7 +181,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[3], "userns") == 0) {
         int rc = enter_userns();
         if (rc != 0) return rc;
-    } else if (drop_to(strtol(argv[3], NULL, 10)) != 0) {
+    } else if (tu_drop_to(strtol(argv[3], NULL, 10), "broker_fetch") != 0) {
         return 3;
     }
     if (strcmp(argv[4], "write") == 0) return do_write(&addr, id);

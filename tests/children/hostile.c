@@ -25,7 +25,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,11 +214,7 @@ int main(int argc, char **argv)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-    if (uid >= 0 &&
-        (setgroups(0, NULL) != 0 || setgid((gid_t)uid) != 0 || setuid((uid_t)uid) != 0)) {
-        perror("hostile: dropping privileges");
-        return 3;
-    }
+    if (tu_drop_to(uid, "hostile") != 0) return 3;
     sl = vmmt__broker_sockaddr(&addr, &sun);
     if (strcmp(argv[4], "idle") == 0) return hold_open(n, ms, 0);
     if (strcmp(argv[4], "noread") == 0) return hold_open(n, ms, 1);

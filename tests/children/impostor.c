@@ -10,7 +10,6 @@
  * only). It writes one byte to fd 3 once it listens, then serves until fd 3
  * reaches end-of-file (the test is done) or 20 s pass.
  */
-#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,11 +39,7 @@ int main(int argc, char **argv)
     uint32_t stride = (uint32_t)strtoul(argv[5], NULL, 10);
     uint32_t gen = (uint32_t)strtoul(argv[6], NULL, 10);
     uid = strtol(argv[7], NULL, 10);
-    if (uid >= 0 &&
-        (setgroups(0, NULL) != 0 || setgid((gid_t)uid) != 0 || setuid((uid_t)uid) != 0)) {
-        perror("impostor: dropping privileges");
-        return 3;
-    }
+    if (tu_drop_to(uid, "impostor") != 0) return 3;
     tu_use_test_driver();
     const struct vmmt_drv *d = vmmt__drv();
     if (vmmt__ctx_enter(0) != VMMT_OK ||

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,6 +166,28 @@ const char *tu_child_path(const char *name, char *buf, size_t cap)
     if (dir == NULL) dir = VMMT_TEST_CHILD_DIR;
     snprintf(buf, cap, "%s/%s", dir, name);
     return buf;
+}
+
+int tu_drop_to(long uid, const char *who)
+{
+    const char *lib = getenv("VMMT_EMU_LIBRARY");
+    char fd_path[32];
+    int fd;
+
+    if (uid < 0) return 0;
+    if (lib == NULL || *lib == '\0') lib = VMMT_TEST_EMU_LIBRARY;
+    /* Kept open for the process's life: the driver is loaded at its first use. A file
+     * that does not open is left to fail, with the loader's message, where it is loaded. */
+    fd = open(lib, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        snprintf(fd_path, sizeof fd_path, "/proc/self/fd/%d", fd);
+        setenv("VMMT_EMU_LIBRARY", fd_path, 1);
+    }
+    if (setgroups(0, NULL) != 0 || setgid((gid_t)uid) != 0 || setuid((uid_t)uid) != 0) {
+        fprintf(stderr, "%s: dropping privileges to uid %ld: %s\n", who, uid, strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
 int tu_hex_decode(const char *hex, uint8_t *out, size_t n)

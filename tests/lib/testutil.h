@@ -38,6 +38,18 @@ void tu_resources_check_(const tu_resources *before, const char *file, int line)
  */
 void tu_use_test_driver(void);
 
+/*
+ * A child started as root becomes uid (uid < 0: stays as it is), first
+ * opening the emulated driver so that it can still load it as the other
+ * uid: the build may sit under a directory only root can enter (a private
+ * 0700 checkout), where the other uid could not open libvmmt_emu.so by its
+ * path. The process loads the same file through its own descriptor
+ * (VMMT_EMU_LIBRARY=/proc/self/fd/N); what it makes with the driver
+ * (allocations, exported fds, a broker) it still makes as the other uid.
+ * who names the child in the message. 0, or -1 with the reason printed.
+ */
+int tu_drop_to(long uid, const char *who);
+
 /* n bytes from 2n hex digits (a pool id on a child's command line); 0 on success, -1 if not. */
 int tu_hex_decode(const char *hex, uint8_t *out, size_t n);
 

@@ -13,9 +13,18 @@
  *   - otherwise, or with --successor-acks, by the new consumer, which
  *     acknowledges every descriptor its predecessor had not reported done
  *     (whole packed groups).
+ * Now and then a consumer consumes a descriptor again right after consuming
+ * it (a replay, which must be refused), and evicts the pool once a whole
+ * publish is done with (which must then succeed: nothing of it is in use).
  * At the end: no consumer saw a wrong byte, every consumer exits cleanly with
  * nothing held in its emulator, the pool drains to empty, and the producer's
  * fd and mapping counts are what they were before the first consumer.
+ *
+ * Every path the soak claims to exercise has a counter (see struct soak); a
+ * path whose counter is still 0 fails the soak, by name: a soak that never
+ * evicted, or never killed, proves nothing about evicting or killing. The
+ * run goes on past its time until every path has been taken, at most
+ * WAIT_MS more, so that a short run on a busy machine still takes them all.
  *
  *     soak [--seconds N] [--consumers N] [--seed N] [--device-table] [--successor-acks]
  *
@@ -73,19 +82,38 @@
 
 enum kind { MSG_CONSUME, MSG_DROP, MSG_ACK_LEFT, MSG_QUIT };
 
+/* What a consumer is asked to do besides the message's kind. */
+enum {
+    MSG_REPLAY = 1, /* consume the descriptor again right after: it must be refused */
+    MSG_EVICT = 2   /* the last member of a publish: evict the pool after it */
+};
+
 struct msg {
     uint32_t kind;
     uint32_t pattern;
     uint32_t item;
     uint32_t member;
     uint64_t nbytes;
+    uint32_t flags;
+    uint32_t unused;
     vmmt_desc desc;
+};
+
+/* What a consumer did for a message, for the producer's counters. */
+enum {
+    DID_CHECK = 1,           /* consumed, and every byte checked */
+    DID_DROP = 2,            /* acknowledged without a copy */
+    DID_EVICT = 4,           /* evicted the pool, and it was gone after */
+    DID_EVICT_REFUSED = 8,   /* vmmt_consumer_evict refused with nothing of the pool in use */
+    DID_REPLAY_REFUSED = 16, /* a second consume of the descriptor refused (VMMT_ESTATE) */
+    DID_FAIL = 32            /* a call failed that must not have (printed by the consumer) */
 };
 
 struct reply {
     uint32_t item, member;
     int32_t status;
     uint32_t bytes_ok;
+    uint32_t did;
 };
 
 static void die(const char *what)
@@ -116,6 +144,57 @@ static void send_all(int fd, const void *p, size_t n)
 }
 
 /* ------------------------------------------------------------ consumer */
+
+/*
+ * The descriptor just consumed, consumed again: the library must refuse it
+ * (VMMT_ESTATE), whether this process still remembers the consume or the
+ * slot has moved on since.
+ */
+static uint32_t replay(vmmt_consumer *c, const struct msg *m, CUdeviceptr dst, CUstream s, int rank)
+{
+    static int printed;
+    int st = vmmt_consume(c, &m->desc, 0, dst, MAX_BYTES, s, rank, 1);
+
+    if (st == VMMT_ESTATE) return DID_REPLAY_REFUSED;
+    /* A few are enough to say what went wrong; the producer counts them all as failed calls. */
+    if (printed++ < 3)
+        fprintf(stderr, "soak: rank %d item %u member %u consumed twice: %s (%s)\n", rank, m->item,
+                m->member, vmmt_strerror(st), st == VMMT_OK ? "accepted" : vmmt_last_error());
+    return DID_FAIL;
+}
+
+/*
+ * A whole publish is done with here (its members come one after another, and
+ * every call on them has returned): once the stream is synchronized nothing
+ * of the pool is in use, so the eviction must succeed and leave no pool.
+ */
+static uint32_t evict(vmmt_consumer *c, const struct msg *m, CUstream s, int rank)
+{
+    static int printed;
+    vmmt_desc_info info;
+    int st;
+
+    if (vmmt__drv()->cuStreamSynchronize(s) != CUDA_SUCCESS) die("synchronize before evict");
+    if (vmmt_desc_inspect(&m->desc, &info) != VMMT_OK) die("inspect");
+    if (vmmt_consumer_pool_count(c) != 1) {
+        fprintf(stderr, "soak: rank %d: %d pools imported before an eviction, not 1\n", rank,
+                vmmt_consumer_pool_count(c));
+        return DID_FAIL;
+    }
+    st = vmmt_consumer_evict(c, info.pool_id, 0);
+    if (st != VMMT_OK) {
+        /* As for replays: a few printed, all counted. */
+        if (printed++ < 3)
+            fprintf(stderr, "soak: rank %d evict after item %u: %s\n", rank, m->item,
+                    vmmt_last_error());
+        return DID_EVICT_REFUSED;
+    }
+    if (vmmt_consumer_pool_count(c) != 0) {
+        fprintf(stderr, "soak: rank %d: the pool is still imported after its eviction\n", rank);
+        return DID_FAIL;
+    }
+    return DID_EVICT;
+}
 
 static int consumer_main(int rank)
 {
@@ -156,6 +235,8 @@ static int consumer_main(int rank)
                     fprintf(stderr, "soak: rank %d item %u member %u: wrong bytes at %zu\n", rank,
                             m.item, m.member, tu_pattern_check(host, m.nbytes, m.pattern));
                 }
+                r.did |= DID_CHECK;
+                if (m.flags & MSG_REPLAY) r.did |= replay(c, &m, dst, s, rank);
             } else {
                 fprintf(stderr, "soak: rank %d consume: %s\n", rank, vmmt_last_error());
             }
@@ -165,7 +246,10 @@ static int consumer_main(int rank)
             if (r.status != VMMT_OK && m.kind == MSG_ACK_LEFT) r.status = VMMT_OK;
             if (r.status != VMMT_OK)
                 fprintf(stderr, "soak: rank %d ack: %s\n", rank, vmmt_last_error());
+            else if (m.kind == MSG_DROP)
+                r.did |= DID_DROP;
         }
+        if (r.status == VMMT_OK && (m.flags & MSG_EVICT)) r.did |= evict(c, &m, s, rank);
         send_all(CONSUMER_FD, &r, sizeof r);
     }
     d->cuStreamSynchronize(s);
@@ -187,6 +271,7 @@ static int consumer_main(int rank)
 struct item {
     int used;
     int members;
+    int released; /* a dead rank's part was released or handed to its successor */
     uint32_t pattern[MAX_MEMBERS];
     uint64_t nbytes[MAX_MEMBERS];
     vmmt_desc desc[MAX_MEMBERS];
@@ -219,8 +304,9 @@ struct soak {
     struct item items[MAX_ITEMS];
     int in_flight;
     uint32_t next_pattern;
-    /* figures */
-    uint64_t published, packed, cancelled, consumed, dropped, full, kills, left_acked;
+    /* figures: what was asked for, then what the consumers report they did */
+    uint64_t published, packed, cancelled, full, kills, left_acked;
+    uint64_t checked, dropped, packed_done, evicted, evict_refused, replays_refused;
     uint64_t wrong_bytes, failures;
 };
 
@@ -247,29 +333,38 @@ static void start_consumer(struct soak *k, int rank)
     k->fd[rank] = sv[0];
 }
 
-static void item_done(struct soak *k, int i)
+/* 1 when no rank owes anything of item i any more: it is finished. */
+static int item_done(struct soak *k, int i)
 {
     struct recent *rc;
 
     for (int r = 0; r < k->nconsumers; r++)
-        if (k->items[i].left[r] > 0) return;
+        if (k->items[i].left[r] > 0) return 0;
     rc = &k->recent[k->nrecent++ % RECENT];
     rc->members = k->items[i].members;
     memcpy(rc->desc, k->items[i].desc, sizeof rc->desc);
     k->items[i].used = 0;
     k->in_flight--;
+    return 1;
 }
 
 static void handle_reply(struct soak *k, int rank, const struct reply *r)
 {
     struct item *it;
 
+    /* What the consumer did counts even for a publish released meanwhile. */
+    if (!r->bytes_ok) k->wrong_bytes++;
+    if (r->status != VMMT_OK || (r->did & DID_FAIL)) k->failures++;
+    k->checked += (r->did & DID_CHECK) != 0;
+    k->dropped += (r->did & DID_DROP) != 0;
+    k->evicted += (r->did & DID_EVICT) != 0;
+    k->evict_refused += (r->did & DID_EVICT_REFUSED) != 0;
+    k->replays_refused += (r->did & DID_REPLAY_REFUSED) != 0;
     if (r->item >= MAX_ITEMS || !k->items[r->item].used) return; /* stale: released already */
     it = &k->items[r->item];
-    if (!r->bytes_ok) k->wrong_bytes++;
-    if (r->status != VMMT_OK) k->failures++;
     if (it->left[rank] > 0) it->left[rank]--;
-    item_done(k, (int)r->item);
+    /* A packed publish every rank reported done, member by member (none released). */
+    if (item_done(k, (int)r->item) && it->members > 1 && !it->released) k->packed_done++;
 }
 
 /* Read every reply that has arrived, waiting up to timeout_ms for the first. */
@@ -354,6 +449,8 @@ static void publish(struct soak *k, int members, int cancel)
     it->members = members;
     k->in_flight++;
     for (int r = 0; r < k->nconsumers; r++) {
+        /* Evict after the last member, now and then: the whole publish is done with then. */
+        int evict_after = rnd() % 16 == 0;
         it->left[r] = members;
         for (int m = 0; m < members; m++) {
             struct msg msg = {.kind = (rnd() % 8 == 0) ? MSG_DROP : MSG_CONSUME,
@@ -362,10 +459,8 @@ static void publish(struct soak *k, int members, int cancel)
                               .member = (uint32_t)m,
                               .nbytes = it->nbytes[m],
                               .desc = it->desc[m]};
-            if (msg.kind == MSG_DROP)
-                k->dropped++;
-            else
-                k->consumed++;
+            if (msg.kind == MSG_CONSUME && rnd() % 16 == 0) msg.flags |= MSG_REPLAY;
+            if (evict_after && m == members - 1) msg.flags |= MSG_EVICT;
             send_msg(k, r, &msg);
         }
     }
@@ -411,6 +506,7 @@ static void kill_and_restart(struct soak *k, int rank)
             if (!k->items[i].used || k->items[i].left[rank] == 0) continue;
             k->left_acked += (uint64_t)k->items[i].left[rank];
             k->items[i].left[rank] = 0;
+            k->items[i].released = 1;
             item_done(k, i);
         }
         return;
@@ -439,7 +535,10 @@ static void kill_and_restart(struct soak *k, int rank)
         int owed;
         if (!it->used) continue;
         owed = it->left[rank] > 0;
-        if (owed) it->left[rank] = it->members;
+        if (owed) {
+            it->left[rank] = it->members;
+            it->released = 1;
+        }
         for (int m = 0; m < it->members; m++) {
             struct msg msg = {.kind = MSG_ACK_LEFT,
                               .item = owed ? (uint32_t)i : UINT32_MAX,
@@ -451,6 +550,106 @@ static void kill_and_restart(struct soak *k, int rank)
     }
 }
 
+/*
+ * A rank that owes something of a publish in flight, at random; -1 if none
+ * does. Only such a kill leaves something for the release (or the successor)
+ * to do, so every kill exercises it.
+ */
+static int owing_rank(struct soak *k)
+{
+    int owing[MAX_CONSUMERS], n = 0;
+
+    for (int r = 0; r < k->nconsumers; r++) {
+        for (int i = 0; i < MAX_ITEMS; i++) {
+            if (k->items[i].used && k->items[i].left[r] > 0) {
+                owing[n++] = r;
+                break;
+            }
+        }
+    }
+    return n ? owing[rnd() % (uint64_t)n] : -1;
+}
+
+/* The paths a soak claims to take: each counter must end above 0. */
+struct path {
+    const char *what;
+    uint64_t count;
+    uint64_t refused; /* tries the library refused, where they are counted */
+};
+
+static int list_paths(const struct soak *k, const vmmt_pool_stats *st, struct path *out)
+{
+    int n = 0;
+
+    out[n++] = (struct path){.what = "publishes", .count = k->published};
+    out[n++] = (struct path){.what = "packed publishes", .count = k->packed};
+    out[n++] =
+        (struct path){.what = "packed publishes completed by every rank", .count = k->packed_done};
+    out[n++] = (struct path){.what = "cancels", .count = k->cancelled};
+    out[n++] = (struct path){.what = "consumes checked byte for byte", .count = k->checked};
+    out[n++] = (struct path){.what = "drops (acknowledged without a copy)", .count = k->dropped};
+    out[n++] = (struct path){.what = "replays refused", .count = k->replays_refused};
+    out[n++] = (struct path){.what = "evictions", .count = k->evicted, .refused = k->evict_refused};
+    out[n++] = (struct path){.what = "publishes refused full", .count = k->full};
+    out[n++] = (struct path){.what = "kills", .count = k->kills};
+    out[n++] = (struct path){.what = "descriptors left by dead consumers acknowledged",
+                             .count = k->left_acked};
+    out[n++] = (struct path){.what = "slices recycled", .count = st->recycled};
+#ifdef VMMT_HAVE_RELEASE_RANK
+    /* The successor acknowledges instead; a release by the library itself may not come
+     * then (the restarted rank's live link holds it), so it is not asked for. */
+    if (!successor_acks) {
+        out[n++] = (struct path){.what = "rank releases", .count = st->rank_releases};
+        out[n++] =
+            (struct path){.what = "slices released for dead ranks", .count = st->released_slices};
+    }
+#endif
+    return n;
+}
+
+/* Paths not taken so far, named in buf (cap 0: only counted), with their refusals. */
+static int paths_missing(const struct soak *k, const vmmt_pool_stats *st, char *buf, size_t cap)
+{
+    struct path p[16];
+    int n = list_paths(k, st, p), missing = 0;
+    size_t at = 0;
+
+    if (cap) buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (p[i].count > 0) continue;
+        missing++;
+        if (at < cap)
+            at += (size_t)snprintf(buf + at, cap - at, "%s%s", missing > 1 ? ", " : "", p[i].what);
+        if (at < cap && p[i].refused)
+            at += (size_t)snprintf(buf + at, cap - at, " (%" PRIu64 " refused)", p[i].refused);
+    }
+    return missing;
+}
+
+/*
+ * The producer's fd count once the broker has let go of the consumers. It
+ * closes an exited consumer's link (and the pidfd it watched the process
+ * with) on its own thread when it sees the process gone: a moment after the
+ * producer reaped it, later still on a busy machine, where a count taken at
+ * once came out high (with the broker's closes held back 100 ms it reads 11
+ * -> 17 every time). So the count waits for no link to be open and, where
+ * counts are exact, for the fds to be back, at most WAIT_MS: what is still
+ * open then is a leak, which the caller reports.
+ */
+static int settled_fds(vmmt_pool *pool, int want, int exact)
+{
+    struct timespec pause = {0, 1000000};
+    vmmt_pool_stats st;
+    int fds = tu_count_fds();
+
+    for (double until = now_s() + WAIT_MS / 1000.0; now_s() < until; fds = tu_count_fds()) {
+        if (vmmt_pool_get_stats(pool, &st) != VMMT_OK) die("stats");
+        if (st.consumer_links == 0 && (!exact || fds == want)) break;
+        nanosleep(&pause, NULL);
+    }
+    return fds;
+}
+
 static int producer_main(double seconds, int nconsumers, uint64_t seed, int device_table)
 {
     static struct soak k;
@@ -458,7 +657,8 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
     vmmt_pool_config cfg;
     vmmt_pool_stats st;
     tu_resources before;
-    double end, next_kill;
+    double start, ran, end, give_up, next_kill;
+    char missing[1024];
     int status, failed = 0;
     int fds_after, maps_after, exact;
 
@@ -481,12 +681,16 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
     for (int r = 0; r < nconsumers; r++)
         start_consumer(&k, r);
 
-    end = now_s() + seconds;
+    start = now_s();
+    end = start + seconds;
+    give_up = end + WAIT_MS / 1000.0;
     next_kill = now_s() + 0.5 + (double)(rnd() % 1500) / 1000.0;
-    while (now_s() < end) {
+    while (now_s() < end || (now_s() < give_up && vmmt_pool_get_stats(k.pool, &st) == VMMT_OK &&
+                             paths_missing(&k, &st, NULL, 0) > 0)) {
         uint64_t dice = rnd() % 100;
-        if (now_s() >= next_kill) {
-            kill_and_restart(&k, (int)(rnd() % (uint64_t)nconsumers));
+        int victim;
+        if (now_s() >= next_kill && (victim = owing_rank(&k)) >= 0) {
+            kill_and_restart(&k, victim);
             next_kill = now_s() + 0.5 + (double)(rnd() % 1500) / 1000.0;
         }
         if (k.in_flight >= MAX_ITEMS - 1)
@@ -499,6 +703,7 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
             publish(&k, 1 + (int)(rnd() % MAX_MEMBERS), 1);
         pump(&k, 0);
     }
+    ran = now_s() - start;
 
     /* Settle: every reply in, every consumer told to stop, and reaped. */
     for (double until = now_s() + WAIT_MS / 1000.0; k.in_flight > 0 && now_s() < until;)
@@ -523,22 +728,42 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
         fprintf(stderr, "soak: the pool does not drain: %s\n", vmmt_last_error());
         failed = 1;
     }
+    exact = strcmp(vmmt_driver_name(), "emu") == 0;
+    fds_after = settled_fds(k.pool, before.fds, exact);
     if (vmmt_pool_get_stats(k.pool, &st) != VMMT_OK) die("stats");
-    fds_after = tu_count_fds();
     maps_after = tu_count_maps();
     printf("soak: %.0f s, %d consumers, seed %" PRIu64 ": %" PRIu64 " publishes (%" PRIu64
-           " packed, %" PRIu64 " cancelled), %" PRIu64 " consumes checked byte for byte, %" PRIu64
-           " drops, %" PRIu64 " refused full, %" PRIu64 " kills survived, %" PRIu64
-           " descriptors left by dead consumers acknowledged, %" PRIu64 " wrong bytes, %" PRIu64
-           " failed calls; pool: %u in flight, %" PRIu64 " recycled; fds %d -> %d, mappings %d "
-           "-> %d\n",
-           seconds, nconsumers, seed, k.published, k.packed, k.cancelled, k.consumed, k.dropped,
-           k.full, k.kills, k.left_acked, k.wrong_bytes, k.failures, st.in_flight, st.recycled,
-           before.fds, fds_after, before.maps, maps_after);
-    exact = strcmp(vmmt_driver_name(), "emu") == 0;
+           " packed, %" PRIu64 " of them completed by every rank, %" PRIu64 " cancelled), %" PRIu64
+           " consumes checked byte for byte, %" PRIu64 " replays refused, %" PRIu64
+           " drops, %" PRIu64 " evictions (%" PRIu64 " refused), %" PRIu64 " refused full, %" PRIu64
+           " kills survived, %" PRIu64 " descriptors left by dead consumers acknowledged, %" PRIu64
+           " wrong bytes, %" PRIu64 " failed calls; pool: %u in flight, %" PRIu64
+           " recycled, %" PRIu64 " rank releases (%" PRIu64
+           " slices); fds %d -> %d, mappings %d -> %d\n",
+           ran, nconsumers, seed, k.published, k.packed, k.packed_done, k.cancelled, k.checked,
+           k.replays_refused, k.dropped, k.evicted, k.evict_refused, k.full, k.kills, k.left_acked,
+           k.wrong_bytes, k.failures, st.in_flight, st.recycled, st.rank_releases,
+           st.released_slices, before.fds, fds_after, before.maps, maps_after);
+    if (st.consumer_links != 0) {
+        fprintf(stderr, "soak: %u liveness links still open with every consumer gone\n",
+                st.consumer_links);
+        failed = 1;
+    }
     if (k.wrong_bytes || k.failures || st.in_flight != 0 || (exact && fds_after != before.fds) ||
         (exact && maps_after != before.maps && !MAPS_GROW_ON_THEIR_OWN))
         failed = 1;
+    /* Nothing was refused that had to succeed: an eviction with the pool unused. */
+    if (k.evict_refused) {
+        fprintf(stderr,
+                "soak: %" PRIu64 " evictions refused with nothing of the pool in use (the "
+                "consumers printed why)\n",
+                k.evict_refused);
+        failed = 1;
+    }
+    if (paths_missing(&k, &st, missing, sizeof missing) > 0) {
+        fprintf(stderr, "soak: paths never taken (their counters are 0): %s\n", missing);
+        failed = 1;
+    }
     d->cuMemFree(k.src);
     d->cuStreamDestroy(k.stream);
     vmmt_pool_destroy(k.pool);

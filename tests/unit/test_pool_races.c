@@ -4,6 +4,7 @@
  * write, packed groups across ranks and streams, evict during consume.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -319,6 +320,95 @@ static void test_late_cancelled_consume_refused(void **state)
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
+#define SHARERS 8
+
+struct sharer {
+    vmmt_pool *pool;
+    vmmt_consumer *consumer;
+    CUdeviceptr src;
+    int full;   /* publishes refused with VMMT_EFULL */
+    int failed; /* another status: why is kept */
+    char why[256];
+};
+
+/*
+ * Publish, then acknowledge (a drop) for every rank and synchronize the
+ * stream: once that returns the acknowledgement is in the control table (a
+ * shared host table's is a CPU store made before vmmt_consumer_ack returns,
+ * a device table's a stream write, done with the stream). So this thread
+ * holds at most one unacknowledged slice at any moment. The legacy default
+ * stream: on the emulator its work runs on the calling thread, so the
+ * threads meet in the pool far more often than through stream workers.
+ */
+static void *share_slots(void *arg)
+{
+    struct sharer *t = arg;
+    vmmt_buffer b = bytes(t->src, 1024);
+    vmmt_desc desc;
+
+    vmmt__ctx_enter(0);
+    for (int i = 0; i < 10000 && !t->failed; i++) {
+        int st = vmmt_publish(t->pool, &b, NULL, &desc);
+        if (st == VMMT_EFULL) {
+            if (t->full++ == 0) snprintf(t->why, sizeof t->why, "%s", vmmt_last_error());
+            continue;
+        }
+        if (st == VMMT_OK) st = vmmt_consumer_ack(t->consumer, &desc, 0, NULL, VMMT_ALL_RANKS, 0);
+        if (st == VMMT_OK && vmmt__drv()->cuStreamSynchronize(NULL) != CUDA_SUCCESS)
+            st = VMMT_ECUDA;
+        if (st != VMMT_OK) {
+            t->failed = 1;
+            snprintf(t->why, sizeof t->why, "%s: %s", vmmt_strerror(st), vmmt_last_error());
+        }
+    }
+    vmmt__ctx_leave();
+    return NULL;
+}
+
+/*
+ * SHARERS threads share a pool of SHARERS + 1 slots and one consumer; each
+ * publishes and acknowledges its own slice at once (share_slots). At every
+ * moment at most SHARERS slices are unacknowledged, so at least one slot is
+ * free or holds an acknowledged slice, and a publish that reclaims before
+ * it answers full always finds room. Nothing here depends on timing.
+ *
+ * Fails at c7366cf: a publish that finds no free slot reclaims once, then
+ * takes the pool lock again to retry; the other threads can take every slot
+ * the reclaim freed in between (acknowledging them again), and it answers
+ * full with slices acknowledged in the pool. Every run refuses some (3 to
+ * 208 of 80,000 publishes; 19 runs of 20 with both cores busy). The Python
+ * test of four threads on 256 slots (test_leaks.py) failed so on a busy
+ * machine. A sweep and a reservation in one hold of the lock made it pass
+ * every run (a trial, not committed: src/publish.c is the lead's).
+ */
+static void test_publish_finds_acknowledged_slots(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    struct sharer t[SHARERS];
+    pthread_t th[SHARERS];
+    int full = 0;
+
+    c.max_slices = SHARERS + 1;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    for (int i = 0; i < SHARERS; i++) {
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].pool = f->pool;
+        t[i].consumer = f->consumer;
+        t[i].src = f->src + (uint64_t)i * 4096;
+        assert_int_equal(pthread_create(&th[i], NULL, share_slots, &t[i]), 0);
+    }
+    for (int i = 0; i < SHARERS; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    for (int i = 0; i < SHARERS; i++) {
+        if (t[i].failed) fail_msg("thread %d: %s", i, t[i].why);
+        if (t[i].full) print_error("thread %d: %d publishes refused: %s\n", i, t[i].full, t[i].why);
+        full += t[i].full;
+    }
+    assert_int_equal(full, 0);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
 /* The recycler's idle sleep never loses a wake-up: slices recycle without explicit reclaims. */
 static void test_recycler_wakes_after_idle(void **state)
 {
@@ -355,6 +445,7 @@ int main(void)
         T(test_event_record_failure_waits_for_copy),
         T(test_late_cancelled_consume_refused),
         T(test_recycler_wakes_after_idle),
+        T(test_publish_finds_acknowledged_slots),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
