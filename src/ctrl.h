@@ -80,6 +80,23 @@ struct vmmt__ctrl {
     int registered;
 };
 
+/*
+ * The shape of a shared table, recorded by the producer in a 16-byte record
+ * after the rows (and an elastic pool's incarnation words): "GEOM", then
+ * table_slots, slot_stride and consumer_count, little-endian u32. A consumer
+ * compares it with the descriptor that imports the pool: a size check alone
+ * let a forged descriptor with another stride and slot count but the same
+ * page-rounded size acknowledge into another slot's words.
+ */
+#define VMMT__CTRL_GEOMETRY_BYTES 16u
+
+struct vmmt__ctrl_geometry {
+    uint32_t slots, stride, consumers;
+};
+
+/* Producer: write the record at byte `at` of a shared table made that much longer. */
+void vmmt__ctrl_put_geometry(struct vmmt__ctrl *c, size_t at, const struct vmmt__ctrl_geometry *g);
+
 /* Producer: a new zeroed shared table of at least `bytes`, mapped and registered. */
 int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c);
 
@@ -87,12 +104,14 @@ int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c);
 int vmmt__ctrl_create_shared_unregistered(size_t bytes, struct vmmt__ctrl *c);
 
 /*
- * Consumer: map the table behind fd (which the caller keeps). Registration
- * with the driver (so that streams can address it) only when asked: a
- * consumer that reads flags and writes acknowledgements with the CPU needs
- * none, and registering costs about 100 us on the H200.
+ * Consumer: map the table behind fd (which the caller keeps), whose geometry
+ * record sits at byte `at` and must say `g`. Registration with the driver
+ * (so that streams can address it) only when asked: a consumer that reads
+ * flags and writes acknowledgements with the CPU needs none, and
+ * registering costs about 100 us on the H200.
  */
-int vmmt__ctrl_attach_shared(int fd, size_t bytes, int register_with_driver, struct vmmt__ctrl *c);
+int vmmt__ctrl_attach_shared(int fd, size_t at, const struct vmmt__ctrl_geometry *g,
+                             int register_with_driver, struct vmmt__ctrl *c);
 
 /* Register a table mapped without registration (idempotent); fills c->dev. */
 int vmmt__ctrl_register(struct vmmt__ctrl *c);

@@ -137,8 +137,11 @@ int vmmt__host_pool_allocate(struct vmmt_pool *p)
 
 int vmmt__host_pool_table(struct vmmt_pool *p)
 {
-    int st = vmmt__ctrl_create_shared_unregistered(p->table_bytes, &p->ctrl);
+    struct vmmt__ctrl_geometry g = {p->slots, p->stride, (uint32_t)p->cfg.consumer_count};
+    int st =
+        vmmt__ctrl_create_shared_unregistered(p->table_bytes + VMMT__CTRL_GEOMETRY_BYTES, &p->ctrl);
 
+    if (st == VMMT_OK) vmmt__ctrl_put_geometry(&p->ctrl, p->table_bytes, &g);
     p->table_host = p->ctrl.host;
     p->ctrl_dev = 0; /* until a publish from device memory registers it */
     return st;

@@ -187,6 +187,7 @@ static void retry_retired(vmmt_consumer *c)
 static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
 {
     uint64_t table = (uint64_t)d->table_slots * d->slot_stride;
+    struct vmmt__ctrl_geometry g = {d->table_slots, d->slot_stride, d->consumer_count};
     struct vmmt__broker_peer producer;
     int fd = -1, st;
 
@@ -196,7 +197,7 @@ static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct i
                                       &ip->link, &ip->pidfd);
     if (st == VMMT_OK)
         st = vmmt__ctrl_attach_shared(
-            fd, table + vmmt__elastic_words_bytes(d->alloc_size, d->chunk_size), 0, &ip->ctrl);
+            fd, table + vmmt__elastic_words_bytes(d->alloc_size, d->chunk_size), &g, 0, &ip->ctrl);
     if (fd >= 0) close(fd);
     if (st == VMMT_OK) st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, &ip->chunks);
     if (st != VMMT_OK) {
@@ -232,8 +233,9 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
         st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
     t2 = vmmt__now_us();
     if (st == VMMT_OK && ip->host_table) {
-        st =
-            vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, 0, &ip->ctrl);
+        struct vmmt__ctrl_geometry g = {d->table_slots, d->slot_stride, d->consumer_count};
+        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, &g, 0,
+                                      &ip->ctrl);
         if (st != VMMT_OK) {
             struct vmmt__saved_error e;
             vmmt__error_save(&e);

@@ -193,8 +193,10 @@ static int allocate(struct vmmt_pool *p)
 static int make_shared_table(struct vmmt_pool *p)
 {
     uint64_t words = p->el ? vmmt__elastic_words_bytes(p->map.size, p->el->chunk) : 0;
-    int st = vmmt__ctrl_create_shared(p->table_bytes + words, &p->ctrl);
+    struct vmmt__ctrl_geometry g = {p->slots, p->stride, (uint32_t)p->cfg.consumer_count};
+    int st = vmmt__ctrl_create_shared(p->table_bytes + words + VMMT__CTRL_GEOMETRY_BYTES, &p->ctrl);
 
+    if (st == VMMT_OK) vmmt__ctrl_put_geometry(&p->ctrl, p->table_bytes + words, &g);
     p->table_host = p->ctrl.host;
     p->ctrl_dev = p->ctrl.dev;
     if (st != VMMT_ENOTSUP) return st;

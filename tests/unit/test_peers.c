@@ -261,7 +261,7 @@ static void test_table_checked_on_import(void **state)
     char dir[64], path[128];
     vmmt_desc d = publish_then_exit(f, dir, path, 5);
     struct vmmt__desc x = decode(&d);
-    size_t bytes = ((size_t)x.table_slots * x.slot_stride + 4095) / 4096 * 4096;
+    size_t bytes = ((size_t)x.table_slots * x.slot_stride + 16 + 4095) / 4096 * 4096;
 
     /* Unsealed: anyone holding it could shrink it under everyone's mappings. */
     int t = memfd_create("unsealed", MFD_CLOEXEC);
@@ -276,6 +276,38 @@ static void test_table_checked_on_import(void **state)
     serve_table(f, &d, path, t, "table_slots x slot_stride");
     close(t);
     rmdir(dir);
+}
+
+/*
+ * Caught (issue 16, defect 5): a descriptor that changes consumer_count,
+ * slot_stride and table_slots but keeps the table's page-rounded size
+ * passed the size check; a consumer that imported the pool with it wrote its
+ * acknowledgements into another slot's words, and that slot's buffer was
+ * recycled unread. The table's own geometry record refuses it.
+ */
+static void test_table_geometry_forged(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_consumer *fresh;
+
+    c.max_slices = 64; /* 64 slots x 16 bytes */
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    vmmt_desc d = publish(f, 4096, 7);
+    struct vmmt__desc x = decode(&d);
+    vmmt_desc bad;
+    x.consumer_count = 4;
+    x.slot_stride = 32;
+    x.table_slots = 32; /* the same 1024 bytes of rows */
+    x.slot = 0;
+    vmmt__desc_encode(&x, bad.bytes);
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &fresh));
+    assert_int_equal(vmmt_consume(fresh, &bad, 0, f->dst, f->cap, f->stream, 3, 1), VMMT_EPROTO);
+    assert_error_contains("the descriptor was altered");
+    assert_int_equal(vmmt_consumer_pool_count(fresh), 0);
+    vmmt_consumer_destroy(fresh);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, 4096, 7);
 }
 
 /* A descriptor whose table_slots disagrees with the table the producer serves. */
@@ -712,6 +744,7 @@ int main(void)
         T(test_table_sealed),
         T(test_table_checked_on_import),
         T(test_table_slots_forged),
+        T(test_table_geometry_forged),
         T(test_flood_same_user),
         T(test_flood_other_user),
         T(test_refused_peer_closed_at_once),
