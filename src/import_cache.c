@@ -180,6 +180,17 @@ static void retry_retired(vmmt_consumer *c)
     vmmt__error_restore(&e);
 }
 
+static int copies(const struct imported *ip);
+
+/* For the chunk map, which unmaps a chunk only then: is no copy out of ip queued? */
+static int quiet(void *arg)
+{
+    struct imported *ip = arg;
+
+    if (copies(ip) > 0) vmmt__acker_flush(ip->owner->acker);
+    return copies(ip) == 0;
+}
+
 /*
  * An elastic pool: the broker serves the shared table under the pool's id
  * (its chunks come one by one, on first use); the range is reserved now.
@@ -198,7 +209,8 @@ static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct i
         st = vmmt__ctrl_attach_shared(
             fd, table + vmmt__elastic_words_bytes(d->alloc_size, d->chunk_size), 0, &ip->ctrl);
     if (fd >= 0) close(fd);
-    if (st == VMMT_OK) st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, &ip->chunks);
+    if (st == VMMT_OK)
+        st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, quiet, ip, &ip->chunks);
     if (st != VMMT_OK) {
         vmmt__ctrl_release(&ip->ctrl);
         vmmt__broker_link_close(ip->link, 1);

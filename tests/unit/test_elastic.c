@@ -249,6 +249,42 @@ static void test_elastic_consumer_lets_go_of_given_back_chunks(void **state)
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
+/*
+ * Caught (issue 16, defect 6): the producer's shutdown gives every chunk back
+ * whatever the consumers still do, and the consumer's next call on the pool
+ * unmapped the chunks under its own copy still queued out of them (on a GPU
+ * a fault of its context; the emulator fails the stream with
+ * CUDA_ERROR_ILLEGAL_ADDRESS). A chunk is unmapped only once no copy out of
+ * the pool is queued.
+ */
+static void test_elastic_no_unmap_under_queued_copy(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = elastic_config(16 * MiB, 1500);
+    vmmt_buffer b = bytes(f->src, 3 * MiB); /* chunks 0 and 1 */
+    vmmt_desc d;
+    struct gate g;
+    int mappings;
+
+    if (!on_emu()) skip(); /* the unmap would fault a GPU's context */
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    put(f, f->src, 3 * MiB, 5);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    gate_close(&g, f->stream); /* the copy out of the chunks stays queued */
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    mappings = vmmt__emu_live_mappings();
+    /* The shutdown waits for the producer's own copies only, then gives the chunks back. */
+    assert_vmmt_ok(vmmt_pool_shutdown(f->pool));
+    sleep_ms(60); /* past the consumer's trim interval (50 ms) */
+    /* Any call on the pool may let go of given-back chunks: not under the queued copy. */
+    (void)vmmt_consumer_ack(f->consumer, &d, 0, f->stream, VMMT_ALL_RANKS, 0);
+    assert_int_equal(vmmt__emu_live_mappings(), mappings - 2); /* the producer's two */
+    gate_open_later(&g, 20);
+    gate_free(&g); /* the stream must have run its copy out of mapped chunks */
+    expect(f, f->dst, 3 * MiB, 5);
+}
+
 /* The broker hands out resident chunks only, by their exact chunk id. */
 static void test_elastic_broker_serves_resident_chunks_only(void **state)
 {
@@ -371,6 +407,7 @@ int main(void)
         T(test_elastic_remade_chunk_across_processes),
         T(test_elastic_failed_growth),
         T(test_elastic_consumer_lets_go_of_given_back_chunks),
+        T(test_elastic_no_unmap_under_queued_copy),
         T(test_elastic_broker_serves_resident_chunks_only),
         T(test_elastic_descriptor_fields_checked),
         T(test_elastic_config_errors),
