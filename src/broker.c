@@ -33,6 +33,13 @@
 
 /* ---------------------------------------------------------------- helpers */
 
+static _Atomic uint64_t g_tick;
+
+uint64_t vmmt__liveness_tick(void)
+{
+    return atomic_fetch_add(&g_tick, 1) + 1;
+}
+
 static void count(_Atomic uint64_t *counter)
 {
     atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
@@ -165,6 +172,7 @@ static bool try_hold(struct vmmt__broker *b, int i)
     c->pidfd = open_pidfd(c->pid);
     c->state = CONN_HELD;
     memset(c->ranks, 0, sizeof c->ranks);
+    memset(c->held, 0, sizeof c->held);
     atomic_fetch_add(&b->held, 1);
     return true;
 }
@@ -263,11 +271,12 @@ static void update_live(struct vmmt__broker *b)
 static void link_died(struct vmmt__broker *b, int i)
 {
     uint64_t ranks[VMMT_BROKER_RANK_WORDS];
+    uint64_t held[VMMT_BROKER_MAX_RANKS];
     pid_t pid = b->conns[i].pid;
     uid_t uid = b->conns[i].uid;
-    int64_t held_ms = b->conns[i].held_ms;
     bool any = orphaned_ranks(b, i, ranks);
 
+    memcpy(held, b->conns[i].held, sizeof held);
     count(&b->deaths);
     remove_conn(b, i);
     vmmt__log(VMMT_LOG_INFO, "fd broker: consumer pid %d (uid %u) died%s", (int)pid, (unsigned)uid,
@@ -275,7 +284,7 @@ static void link_died(struct vmmt__broker *b, int i)
     /* The pool checks, when it releases, that no live link holds the ranks again:
      * the dead link must be gone from what it reads by then. */
     update_live(b);
-    if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid, held_ms);
+    if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid, held);
 }
 
 /*
@@ -302,10 +311,12 @@ static void link_closed(struct vmmt__broker *b, int i)
         /* One orphan per process is enough to watch it: merge into one already there. */
         for (int j = 0; j < b->nconns; j++) {
             if (j == i || b->conns[j].state != CONN_ORPHAN || b->conns[j].pid != c->pid) continue;
+            uint64_t *into = b->conns[j].held;
             for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
                 b->conns[j].ranks[w] |= c->ranks[w];
-            if (c->held_ms != 0 && (b->conns[j].held_ms == 0 || c->held_ms < b->conns[j].held_ms))
-                b->conns[j].held_ms = c->held_ms;
+            /* The process held each rank since the earlier of the two links took it. */
+            for (int r = 0; r < VMMT_BROKER_MAX_RANKS; r++)
+                if (c->held[r] != 0 && (into[r] == 0 || c->held[r] < into[r])) into[r] = c->held[r];
             remove_conn(b, i);
             return;
         }
@@ -345,9 +356,11 @@ static bool serve_link(struct vmmt__broker *b, int i)
             remove_conn(b, i);
             return false;
         }
-        if (b->conns[i].held_ms == 0) b->conns[i].held_ms = vmmt__now_ms();
-        for (uint32_t r = m.first; r < m.first + m.count; r++)
+        uint64_t now = vmmt__liveness_tick();
+        for (uint32_t r = m.first; r < m.first + m.count; r++) {
             b->conns[i].ranks[r / 64] |= 1ull << (r % 64);
+            if (b->conns[i].held[r] == 0) b->conns[i].held[r] = now;
+        }
     }
     return true;
 }

@@ -3,8 +3,9 @@
  * RANK_FIRST RANK_COUNT. Reads struct tu_msg from fd 3 until index
  * UINT32_MAX; for each, consumes into a device buffer on its own stream,
  * checks the bytes, and answers with struct tu_reply. A message whose pad is
- * 1 is only kept (status 1): the slice stays held, as by a slow rank. Exits
- * 0 if all matched.
+ * TU_MSG_KEEP is only kept (status 1): the slice stays held, as by a slow
+ * rank. TU_MSG_RANK(r) consumes for rank r alone (a process taking over a
+ * rank). Exits 0 if all matched.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,14 +70,17 @@ int main(int argc, char **argv)
         struct tu_reply rep;
         ssize_t n = read(3, &m, sizeof m);
         if (n != (ssize_t)sizeof m || m.index == UINT32_MAX) break;
-        if (m.pad == 1) {
+        if (m.pad == TU_MSG_KEEP) {
             rep.index = m.index;
             rep.status = 1;
             rep.first_bad = 0;
             if (write(3, &rep, sizeof rep) != (ssize_t)sizeof rep) break;
             continue;
         }
-        rep.status = handle(c, device, first, count, &m, s, &rep);
+        if (m.pad >= TU_MSG_RANK(0))
+            rep.status = handle(c, device, (int)(m.pad - TU_MSG_RANK(0)), 1, &m, s, &rep);
+        else
+            rep.status = handle(c, device, first, count, &m, s, &rep);
         if (rep.status != VMMT_OK) {
             fprintf(stderr, "consumer_child: buffer %u: %s\n", m.index, vmmt_last_error());
             bad++;
