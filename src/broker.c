@@ -19,17 +19,13 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "broker_wire.h"
 #include "clock.h"
+#include "fork_guard.h"
 #include "status.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -125,18 +121,6 @@ static void remove_conn(struct vmmt__broker *b, int i)
     b->conns[i] = b->conns[--b->nconns];
 }
 
-/*
- * Watch the peer process itself, so that its death is an event even when a
- * child it forked keeps the socket open. pidfd_open takes the pid SO_PEERCRED
- * gave at connect; should that process be gone and its pid reused already,
- * its socket is closed too, which the caller checks next (a poll for hang-up).
- */
-static int open_pidfd(pid_t pid)
-{
-    if (pid <= 0) return -1;
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-}
-
 static bool readable_now(int fd)
 {
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -169,7 +153,9 @@ static bool try_hold(struct vmmt__broker *b, int i)
         b->warned_bounds = true;
         return false;
     }
-    c->pidfd = open_pidfd(c->pid);
+    /* Watch the process itself too (SO_PEERPIDFD, or SO_PEERCRED's pid opened now): its exit
+     * tells that none of its copies can still run, where the hang-up may come first. */
+    c->pidfd = vmmt__broker_peer_pidfd(c->fd);
     c->state = CONN_HELD;
     memset(c->ranks, 0, sizeof c->ranks);
     memset(c->held, 0, sizeof c->held);
@@ -306,7 +292,8 @@ static void link_closed(struct vmmt__broker *b, int i)
         remove_conn(b, i);
         return;
     }
-    vmmt__close_fd(&c->fd);
+    vmmt__guarded_close(c->fd);
+    c->fd = -1;
     if (c->pidfd >= 0 && !readable_now(c->pidfd)) {
         /* One orphan per process is enough to watch it: merge into one already there. */
         for (int j = 0; j < b->nconns; j++) {
@@ -397,7 +384,7 @@ static void drain_close(int cfd)
     uint8_t sink[64];
     for (int i = 0; i < 4 && recv(cfd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++)
         ;
-    close(cfd);
+    vmmt__guarded_close(cfd);
 }
 
 /* Credentials first: a peer that is not allowed is told so and closed at once. */
@@ -409,7 +396,7 @@ static void admit(struct vmmt__broker *b, int cfd, int64_t now)
 
     if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
         count(&b->refused_peer);
-        close(cfd);
+        vmmt__guarded_close(cfd);
         return;
     }
     if (!uid_allowed(b, cred.uid)) {
@@ -446,7 +433,8 @@ static void admit(struct vmmt__broker *b, int cfd, int64_t now)
 static void accept_new(struct vmmt__broker *b, int64_t now)
 {
     for (int k = 0; k < ACCEPTS_PER_ROUND; k++) {
-        int cfd = accept4(b->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        /* Guarded: a child the producer forks must not keep a consumer's link open. */
+        int cfd = vmmt__guarded_accept(b->listen_fd, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd >= 0) {
             admit(b, cfd, now);
             continue;

@@ -131,8 +131,9 @@ void vmmt__cache_unuse(struct vmmt_consumer *c, struct imported *ip);
 void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip);
 
 /*
- * 1 if ip's producer is gone (and handled); polls its pidfd at most once a
- * millisecond unless forced. Lock held.
+ * 1 if ip's producer is gone (and handled); polls its pidfd (or, without
+ * one, its liveness link) at most once a millisecond unless forced. Lock
+ * held.
  */
 int vmmt__cache_producer_gone(struct vmmt_consumer *c, struct imported *ip, int force);
 
@@ -145,7 +146,7 @@ int vmmt__cache_known_dead(const struct vmmt_consumer *c, const uint8_t pool_id[
 /* Let go of idle pools of dead producers, and retry failed teardowns (lock held). */
 void vmmt__cache_reap(struct vmmt_consumer *c);
 
-/* The producer watch (producer_watch.c): a thread that learns of deaths by pidfd. */
+/* The producer watch (producer_watch.c): a thread that learns of deaths by pidfd or link. */
 int vmmt__watch_add(struct vmmt_consumer *c, struct imported *ip);     /* lock held */
 void vmmt__watch_remove(struct vmmt_consumer *c, struct imported *ip); /* lock held */
 void vmmt__watch_stop(struct vmmt_consumer *c);                        /* lock not held */

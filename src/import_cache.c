@@ -327,7 +327,7 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
     c->count++;
     /* Without the watch the pool still works; a death is then noticed only
      * by later calls on the pool (consume, check, destroy). */
-    if (ip->pidfd >= 0 && vmmt__watch_add(c, ip) != VMMT_OK)
+    if (vmmt__watch_add(c, ip) != VMMT_OK)
         vmmt__log(VMMT_LOG_WARN,
                   "the death of producer pid %d will be noticed only by later calls on its "
                   "pool: %s",

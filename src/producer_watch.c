@@ -4,8 +4,12 @@
  * waits on that flag wedged: on a GPU such a wait has no limit. The consumer
  * therefore holds a pidfd of each producer (taken on the broker connection,
  * whose SO_PEERCRED names the producer process) and a thread watches them
- * with epoll. When one becomes readable the producer has exited; then, under
- * the consumer's lock:
+ * with epoll. Where no pidfd can be had (pidfd_open refused, a kernel before
+ * 6.5), it watches the liveness link instead: its hang-up means the
+ * producer's end closed, and only the producer holds that end (its broker's
+ * sockets are not kept by children it forks, fork_guard.c). When the one
+ * watched becomes readable the producer has exited; then, under the
+ * consumer's lock:
  *
  *   - every descriptor this process consumed whose ready word had not
  *     reached its generation is marked failed: what was (or will be) copied
@@ -31,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "broker.h"
 #include "clock.h"
 #include "consumer_internal.h"
 #include "ctrl.h"
@@ -53,6 +58,18 @@ static int pidfd_exited(int pidfd)
     struct pollfd p = {.fd = pidfd, .events = POLLIN};
 
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
+/* What tells of ip's producer's death: its pidfd, else its liveness link; -1 when neither. */
+static int watched_fd(const struct imported *ip)
+{
+    return ip->pidfd >= 0 ? ip->pidfd : vmmt__broker_link_fd(ip->link);
+}
+
+static int gone_now(const struct imported *ip)
+{
+    if (ip->pidfd >= 0) return pidfd_exited(ip->pidfd);
+    return vmmt__broker_link_peer_gone(ip->link);
 }
 
 static void remember_failed(struct vmmt_consumer *c, const struct imported *ip, uint32_t slot,
@@ -144,31 +161,30 @@ void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip)
     /* A producer that ends after every buffer it handed out landed is the
      * normal end of a pool: worth a notice, not a warning. */
     vmmt__log(failed ? VMMT_LOG_WARN : VMMT_LOG_INFO,
-              "the producer (pid %d) of an imported pool has exited: %" PRIu32
+              "the producer (pid %d) of an imported pool has exited%s: %" PRIu32
               " descriptor(s) consumed here before their bytes were ready are marked failed "
               "(vmmt_consumer_check), new consumes fail, and the pool is let go once its "
               "copies are done",
-              g->producer_pid, failed);
+              g->producer_pid, ip->pidfd >= 0 ? "" : " (its liveness link hung up)", failed);
 }
 
 int vmmt__cache_producer_gone(struct vmmt_consumer *c, struct imported *ip, int force)
 {
     if (ip->dead) return 1;
-    if (ip->pidfd < 0) return 0;
+    if (watched_fd(ip) < 0) return 0;
     if (!force) {
         uint64_t now = (uint64_t)vmmt__now_us();
         if (now - ip->checked_us < CHECK_EVERY_US) return 0;
         ip->checked_us = now;
     }
-    if (!pidfd_exited(ip->pidfd)) return 0;
+    if (!gone_now(ip)) return 0;
     vmmt__cache_producer_died(c, ip);
     return 1;
 }
 
 int vmmt__cache_pidfd_exited(const struct imported *ip)
 {
-    return __atomic_load_n(&ip->dead, __ATOMIC_ACQUIRE) ||
-           (ip->pidfd >= 0 && pidfd_exited(ip->pidfd));
+    return __atomic_load_n(&ip->dead, __ATOMIC_ACQUIRE) || gone_now(ip);
 }
 
 int vmmt__cache_known_dead(const struct vmmt_consumer *c, const uint8_t pool_id[16])
@@ -245,21 +261,25 @@ fail:
 
 int vmmt__watch_add(struct vmmt_consumer *c, struct imported *ip)
 {
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.u64 = ip->serial};
+    /* EPOLLRDHUP: a link's hang-up (the broker never sends on it). */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.u64 = ip->serial};
 
+    if (watched_fd(ip) < 0) return VMMT_OK; /* FABRIC, or served without a link: nothing to watch */
     if (c->watch == NULL) {
         int st = watch_start(c);
         if (st != VMMT_OK) return st;
     }
-    if (epoll_ctl(c->watch->ep, EPOLL_CTL_ADD, ip->pidfd, &ev) != 0)
-        return vmmt__sys_fail("watching the producer's pidfd");
+    if (epoll_ctl(c->watch->ep, EPOLL_CTL_ADD, watched_fd(ip), &ev) != 0)
+        return vmmt__sys_fail("watching the producer's %s",
+                              ip->pidfd >= 0 ? "pidfd" : "liveness link");
     return VMMT_OK;
 }
 
 void vmmt__watch_remove(struct vmmt_consumer *c, struct imported *ip)
 {
     /* ENOENT (never added, or the watch failed to start) is fine. */
-    if (c->watch != NULL && ip->pidfd >= 0) epoll_ctl(c->watch->ep, EPOLL_CTL_DEL, ip->pidfd, NULL);
+    if (c->watch != NULL && watched_fd(ip) >= 0)
+        epoll_ctl(c->watch->ep, EPOLL_CTL_DEL, watched_fd(ip), NULL);
 }
 
 void vmmt__watch_stop(struct vmmt_consumer *c)

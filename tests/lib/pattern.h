@@ -32,6 +32,7 @@ struct tu_msg {
 };
 
 #define TU_MSG_KEEP    1u /* keep the descriptor unconsumed (a slow rank); status 1 */
+#define TU_MSG_LINGER  2u /* fork a worker that keeps what it inherited; its pid in first_bad */
 #define TU_MSG_RANK(r) (0x100u + (uint32_t)(r)) /* consume for rank r alone */
 
 /* The consumer's answer for one buffer. */

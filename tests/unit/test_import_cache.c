@@ -237,6 +237,27 @@ static void test_dead_producer_device_table(void **state)
     dead_producer(*state, 1);
 }
 
+/*
+ * Caught (issue 16, defect 14): with pidfds refused (pidfd_open by seccomp,
+ * no SO_PEERPIDFD before Linux 6.5) a consumer never noticed its producer's
+ * death although its liveness link had hung up: its stream stayed wedged,
+ * vmmt_consumer_check said OK for bytes that never arrived, and nothing was
+ * logged. The link's hang-up tells now, even where the producer forked a
+ * worker that keeps what it inherited. The consumer runs in a child: the
+ * filter cannot be lifted.
+ */
+static void test_dead_producer_without_pidfds_host_table(void **state)
+{
+    (void)state;
+    run_liveness_child("producer-dies", "0");
+}
+
+static void test_dead_producer_without_pidfds_device_table(void **state)
+{
+    (void)state;
+    run_liveness_child("producer-dies", "1");
+}
+
 /* Caught (issue 9): destroy waited behind a stream wedged by a dead producer. */
 static void test_destroy_bounded_after_producer_death(void **state)
 {
@@ -338,6 +359,8 @@ int main(void)
         T(test_device_table_pool_evicted),
         T(test_dead_producer_host_table),
         T(test_dead_producer_device_table),
+        T(test_dead_producer_without_pidfds_host_table),
+        T(test_dead_producer_without_pidfds_device_table),
         T(test_destroy_bounded_after_producer_death),
         T(test_dead_producer_null_stream),
         T(test_destroy_bounded_with_wedged_stream),

@@ -569,6 +569,28 @@ static void test_dead_consumer_device_table(void **state)
 }
 
 /*
+ * Caught (issue 16, defect 14): where pidfds are refused (seccomp), a consumer
+ * that forked a worker died holding slices, and they stayed in flight for
+ * good: the worker kept its liveness link open, so the broker, with no pidfd
+ * to watch, never saw the death; nor did anything say that liveness ran
+ * without pidfds. Now a forked child does not keep the library's liveness
+ * sockets, so the hang-up tells; the broker takes SO_PEERPIDFD where
+ * pidfd_open is refused; and running without pidfds is said once. The
+ * producer runs in a child: the filter cannot be lifted.
+ */
+static void test_dead_consumer_without_pidfd_open(void **state)
+{
+    (void)state;
+    run_liveness_child("consumer-dies", "open");
+}
+
+static void test_dead_consumer_without_pidfds(void **state)
+{
+    (void)state;
+    run_liveness_child("consumer-dies", "all");
+}
+
+/*
  * A rank that is slow but alive keeps its slices until it consumes them; one
  * that lets go of the pool and exits cleanly (a goodbye) is not dead either,
  * and only vmmt_pool_release_rank gives its slices back.
@@ -749,6 +771,8 @@ int main(void)
         T(test_every_bound_reached),
         T(test_dead_consumer_host_table),
         T(test_dead_consumer_device_table),
+        T(test_dead_consumer_without_pidfd_open),
+        T(test_dead_consumer_without_pidfds),
         T(test_live_rank_not_robbed),
         T(test_rank_taken_over_after_release),
         T(test_lease_backstop),
