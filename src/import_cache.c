@@ -367,11 +367,12 @@ static int idle(const struct imported *ip)
 }
 
 /*
- * Over max_pools: let go of the least recently used idle pool. Where none is
- * idle, eviction waits for a later call: the cache may hold more than
- * max_pools for as long as their copies are queued. Lock held.
+ * Over max_pools: let go of the least recently used idle pool other than
+ * `except`. Where none is idle, eviction waits for a later call: the cache
+ * may hold more than max_pools for as long as their copies are queued. Lock
+ * held.
  */
-static void evict_idle(vmmt_consumer *c)
+static void evict_idle(vmmt_consumer *c, const struct imported *except)
 {
     struct imported **victim = NULL;
 
@@ -382,7 +383,8 @@ static void evict_idle(vmmt_consumer *c)
          * seen them; it never takes the consumer's lock, so it can be asked. */
         if (pass == 1) vmmt__acker_flush(c->acker);
         for (struct imported **pp = &c->pools; *pp != NULL; pp = &(*pp)->next)
-            if (idle(*pp) && (victim == NULL || (*pp)->last_used < (*victim)->last_used))
+            if (*pp != except && idle(*pp) &&
+                (victim == NULL || (*pp)->last_used < (*victim)->last_used))
                 victim = pp;
     }
     if (victim == NULL) {
@@ -420,7 +422,8 @@ void vmmt__cache_reap(struct vmmt_consumer *c)
 static int producer_gone(const struct vmmt__desc *d)
 {
     return vmmt__fail(VMMT_ECLOSED,
-                      "the producer (pid %d) of this pool has exited; nothing more can be "
+                      "the producer (pid %d) of this pool has exited or shut its pool down; "
+                      "nothing more can be "
                       "consumed from it (vmmt_consumer_check reports descriptors consumed before "
                       "their bytes were ready): drop the request",
                       d->producer_pid);
@@ -435,17 +438,22 @@ int vmmt__cache_get(struct vmmt_consumer *c, const struct vmmt__desc *d, int dev
     if (*out != NULL) {
         st = vmmt__desc_check_pool(d, &(*out)->geometry);
         if (st == VMMT_OK && vmmt__cache_producer_gone(c, *out, 0)) st = producer_gone(d);
-        return st;
+    } else if (vmmt__cache_known_dead(c, d->pool_id)) {
+        return producer_gone(d);
+    } else {
+        st = import_pool(c, d, device, out);
     }
-    if (vmmt__cache_known_dead(c, d->pool_id)) return producer_gone(d);
-    return import_pool(c, d, device, out);
+    /* Here, on every call, not once the consume succeeds: one that fails from here
+     * on (a stale descriptor) has still imported its pool. Not the pool asked for:
+     * it is not in use yet, but about to be. */
+    if (*out != NULL) evict_idle(c, *out);
+    return st;
 }
 
 void vmmt__cache_use(struct vmmt_consumer *c, struct imported *ip)
 {
     ip->users++;
     ip->last_used = ++c->clock;
-    evict_idle(c);
 }
 
 void vmmt__cache_unuse(struct vmmt_consumer *c, struct imported *ip)

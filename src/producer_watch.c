@@ -4,12 +4,12 @@
  * waits on that flag wedged: on a GPU such a wait has no limit. The consumer
  * therefore holds a pidfd of each producer (taken on the broker connection,
  * whose SO_PEERCRED names the producer process) and a thread watches them
- * with epoll. Where no pidfd can be had (pidfd_open refused, a kernel before
- * 6.5), it watches the liveness link instead: its hang-up means the
- * producer's end closed, and only the producer holds that end (its broker's
- * sockets are not kept by children it forks, fork_guard.c). When the one
- * watched becomes readable the producer has exited; then, under the
- * consumer's lock:
+ * with epoll, and beside them the liveness links: a link hangs up when the
+ * producer's end closes, and only the producer holds that end (its broker's
+ * sockets are not kept by children it forks, fork_guard.c). A hang-up means
+ * the producer exited or shut the pool down; where no pidfd can be had
+ * (pidfd_open refused, a kernel before 6.5) it is all there is. Either way
+ * the pool is over; then, under the consumer's lock:
  *
  *   - every descriptor this process consumed whose ready word had not
  *     reached its generation is marked failed: what was (or will be) copied
@@ -60,16 +60,14 @@ static int pidfd_exited(int pidfd)
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
 }
 
-/* What tells of ip's producer's death: its pidfd, else its liveness link; -1 when neither. */
-static int watched_fd(const struct imported *ip)
-{
-    return ip->pidfd >= 0 ? ip->pidfd : vmmt__broker_link_fd(ip->link);
-}
-
+/*
+ * Is ip's producer gone? Its pidfd says it exited; its liveness link hangs
+ * up when it exited or shut the pool down (the broker stops only once every
+ * publish copy has landed, so nothing is lost either way): the pool is over.
+ */
 static int gone_now(const struct imported *ip)
 {
-    if (ip->pidfd >= 0) return pidfd_exited(ip->pidfd);
-    return vmmt__broker_link_peer_gone(ip->link);
+    return (ip->pidfd >= 0 && pidfd_exited(ip->pidfd)) || vmmt__broker_link_peer_gone(ip->link);
 }
 
 static void remember_failed(struct vmmt_consumer *c, const struct imported *ip, uint32_t slot,
@@ -120,6 +118,13 @@ out:
     return st;
 }
 
+/* A dying process's files close before its exit is reported: a hang-up alone may be either. */
+static const char *how_gone(const struct imported *ip)
+{
+    if (ip->pidfd >= 0 && pidfd_exited(ip->pidfd)) return "has exited";
+    return "has exited or shut its pool down (its liveness link hung up)";
+}
+
 void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip)
 {
     const struct vmmt__desc *g = &ip->geometry;
@@ -161,17 +166,17 @@ void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip)
     /* A producer that ends after every buffer it handed out landed is the
      * normal end of a pool: worth a notice, not a warning. */
     vmmt__log(failed ? VMMT_LOG_WARN : VMMT_LOG_INFO,
-              "the producer (pid %d) of an imported pool has exited%s: %" PRIu32
+              "the producer (pid %d) of an imported pool %s: %" PRIu32
               " descriptor(s) consumed here before their bytes were ready are marked failed "
               "(vmmt_consumer_check), new consumes fail, and the pool is let go once its "
               "copies are done",
-              g->producer_pid, ip->pidfd >= 0 ? "" : " (its liveness link hung up)", failed);
+              g->producer_pid, how_gone(ip), failed);
 }
 
 int vmmt__cache_producer_gone(struct vmmt_consumer *c, struct imported *ip, int force)
 {
     if (ip->dead) return 1;
-    if (watched_fd(ip) < 0) return 0;
+    if (ip->pidfd < 0 && ip->link == NULL) return 0;
     if (!force) {
         uint64_t now = (uint64_t)vmmt__now_us();
         if (now - ip->checked_us < CHECK_EVERY_US) return 0;
@@ -263,23 +268,28 @@ int vmmt__watch_add(struct vmmt_consumer *c, struct imported *ip)
 {
     /* EPOLLRDHUP: a link's hang-up (the broker never sends on it). */
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.u64 = ip->serial};
+    int link = vmmt__broker_link_fd(ip->link);
 
-    if (watched_fd(ip) < 0) return VMMT_OK; /* FABRIC, or served without a link: nothing to watch */
+    if (ip->pidfd < 0 && link < 0) return VMMT_OK; /* FABRIC, or served without a link */
     if (c->watch == NULL) {
         int st = watch_start(c);
         if (st != VMMT_OK) return st;
     }
-    if (epoll_ctl(c->watch->ep, EPOLL_CTL_ADD, watched_fd(ip), &ev) != 0)
-        return vmmt__sys_fail("watching the producer's %s",
-                              ip->pidfd >= 0 ? "pidfd" : "liveness link");
+    if (ip->pidfd >= 0 && epoll_ctl(c->watch->ep, EPOLL_CTL_ADD, ip->pidfd, &ev) != 0)
+        return vmmt__sys_fail("watching the producer's pidfd");
+    if (link >= 0 && epoll_ctl(c->watch->ep, EPOLL_CTL_ADD, link, &ev) != 0)
+        return vmmt__sys_fail("watching the producer's liveness link");
     return VMMT_OK;
 }
 
 void vmmt__watch_remove(struct vmmt_consumer *c, struct imported *ip)
 {
+    int link = vmmt__broker_link_fd(ip->link);
+
     /* ENOENT (never added, or the watch failed to start) is fine. */
-    if (c->watch != NULL && watched_fd(ip) >= 0)
-        epoll_ctl(c->watch->ep, EPOLL_CTL_DEL, watched_fd(ip), NULL);
+    if (c->watch == NULL) return;
+    if (ip->pidfd >= 0) epoll_ctl(c->watch->ep, EPOLL_CTL_DEL, ip->pidfd, NULL);
+    if (link >= 0) epoll_ctl(c->watch->ep, EPOLL_CTL_DEL, link, NULL);
 }
 
 void vmmt__watch_stop(struct vmmt_consumer *c)
