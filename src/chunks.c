@@ -11,8 +11,15 @@
  * a rank released on a consumer's behalf (vmmt_pool_release_rank, the lease)
  * or the pool's shutdown, which gives every chunk back, does not wait for.
  * An unmap under a queued copy faults the consumer's context on a GPU.
+ *
+ * The range is reserved whole, whatever the pool holds: a buffer may span
+ * chunks, and the copy reads it at base + offset. Address space is the
+ * process's, so the chunk maps of a process reserve VMMT__ELASTIC_RESERVE_MAX
+ * at most together (a pool of at most 1 TiB reserves 1 TiB in every process
+ * that imports it; 128 such imports would exhaust an x86-64 process).
  */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -44,6 +51,44 @@ struct vmmt__chunk_map {
 };
 
 #define TRIM_INTERVAL_US 50000.0
+
+static _Atomic uint64_t g_reserved; /* by the chunk maps of this process */
+
+uint64_t vmmt__chunk_reserved(void)
+{
+    return atomic_load(&g_reserved);
+}
+
+/* Count size against the bound; 0 when it does not fit. */
+static int take_space(uint64_t size)
+{
+    uint64_t now = atomic_load(&g_reserved);
+
+    do
+        if (size > VMMT__ELASTIC_RESERVE_MAX - now) return 0;
+    while (!atomic_compare_exchange_weak(&g_reserved, &now, now + size));
+    return 1;
+}
+
+static int no_space(uint64_t size)
+{
+    const double gib = 1024.0 * 1024 * 1024;
+
+    if (size > VMMT__ELASTIC_RESERVE_MAX)
+        return vmmt__fail(VMMT_ETOOBIG,
+                          "the elastic pool may grow to %.1f GiB, and a consumer reserves that "
+                          "much address space for it; a process reserves at most %.0f GiB for "
+                          "elastic pools: ask the producer for a smaller memory_size",
+                          size / gib, VMMT__ELASTIC_RESERVE_MAX / gib);
+    return vmmt__fail(VMMT_ENOMEM,
+                      "importing an elastic pool of at most %.1f GiB reserves that much address "
+                      "space, and this process's elastic imports hold %.1f GiB of the %.0f GiB "
+                      "they may reserve together, none of this consumer's idle: synchronize the "
+                      "streams that consumed from them (idle imports are let go to make room), "
+                      "evict some (vmmt_consumer_evict), or ask producers for a smaller "
+                      "memory_size",
+                      size / gib, vmmt__chunk_reserved() / gib, VMMT__ELASTIC_RESERVE_MAX / gib);
+}
 
 CUdeviceptr vmmt__chunk_map_base(const struct vmmt__chunk_map *m)
 {
@@ -85,8 +130,14 @@ int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_m
     m->broker = d->broker;
     vmmt__broker_expect(d->producer_uid, d->producer_pid, d->producer_pidns, &m->producer);
     memcpy(m->pool_id, d->pool_id, 16);
+    if (!take_space(m->size)) {
+        st = no_space(m->size);
+        vmmt__chunk_map_destroy(m);
+        return st;
+    }
     st = VMMT_CU(drv, cuMemAddressReserve(&m->base, m->size, gmin, 0, 0));
     if (st != VMMT_OK) {
+        atomic_fetch_sub(&g_reserved, m->size);
         m->base = 0;
         vmmt__chunk_map_destroy(m);
         return vmmt__wrap(st, "reserving %" PRIu64 " bytes for an elastic pool", d->alloc_size);
@@ -208,6 +259,7 @@ int vmmt__chunk_map_destroy(struct vmmt__chunk_map *m)
     if (st != VMMT_OK) return st;
     if (m->base != 0) st = VMMT_CU(vmmt__drv(), cuMemAddressFree(m->base, m->size));
     if (st != VMMT_OK) return st;
+    if (m->base != 0) atomic_fetch_sub(&g_reserved, m->size);
     free(m->handle);
     free(m->incarnation);
     free(m->mapped);

@@ -74,9 +74,21 @@ void vmmt__elastic_describe(const struct vmmt_pool *p, struct vmmt__desc *d);
 struct vmmt__chunk_map;
 
 /*
+ * Address space that the elastic imports of a process reserve together at
+ * most: each reserves its pool's whole maximum (docs/design.md, "Elastic
+ * pools"). 16 TiB, an eighth of what x86-64 gives a process.
+ */
+#define VMMT__ELASTIC_RESERVE_MAX (16ull << 40)
+
+/* What the chunk maps of this process reserve now; thread-safe. */
+uint64_t vmmt__chunk_reserved(void);
+
+/*
  * Reserve the range of a chunked pool for `device` (context current); nothing
- * mapped yet. quiet(quiet_arg) returns 1 when no copy out of the pool is
- * queued in this process: only then is a chunk unmapped.
+ * mapped yet. VMMT_ENOMEM when that would take the process's chunk maps past
+ * VMMT__ELASTIC_RESERVE_MAX (VMMT_ETOOBIG for a pool larger than that).
+ * quiet(quiet_arg) returns 1 when no copy out of the pool is queued in this
+ * process: only then is a chunk unmapped.
  */
 int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_ms,
                            int (*quiet)(void *arg), void *quiet_arg, struct vmmt__chunk_map **out);

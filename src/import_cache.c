@@ -273,6 +273,8 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
     return st;
 }
 
+static void make_room(vmmt_consumer *c, uint64_t size);
+
 /* Fetch the handle, import and map; lock held (imports are rare and serial). */
 static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
                        struct imported **out)
@@ -294,6 +296,7 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
         memcpy(f.data, d->fabric, sizeof f.data);
         st = vmmt__mapping_import_fabric(device, &f, d->alloc_size, &ip->map);
     } else if (d->chunk_size != 0) {
+        make_room(c, d->alloc_size);
         st = vmmt__ctx_enter(device);
         if (st == VMMT_OK) {
             st = import_chunked(c, d, ip);
@@ -366,6 +369,42 @@ static int idle(const struct imported *ip)
     return ip->users == 0 && copies(ip) == 0 && (ip->open_groups == 0 || ip->dead);
 }
 
+/* The least recently used idle pool other than `except` (elastic ones only, if asked). */
+static struct imported **lru_idle(vmmt_consumer *c, const struct imported *except, int elastic)
+{
+    struct imported **victim = NULL;
+
+    for (int pass = 0; pass < 2 && victim == NULL; pass++) {
+        /* Copies that finished a moment ago count as done once the acker has
+         * seen them; it never takes the consumer's lock, so it can be asked. */
+        if (pass == 1) vmmt__acker_flush(c->acker);
+        for (struct imported **pp = &c->pools; *pp != NULL; pp = &(*pp)->next)
+            if (*pp != except && (!elastic || (*pp)->chunks != NULL) && idle(*pp) &&
+                (victim == NULL || (*pp)->last_used < (*victim)->last_used))
+                victim = pp;
+    }
+    return victim;
+}
+
+/*
+ * An elastic pool of at most `size` bytes is about to be imported: while the
+ * process's elastic imports would reserve more than they may with it, let go
+ * of this cache's idle elastic pools, least recently used first. Lock held.
+ */
+static void make_room(vmmt_consumer *c, uint64_t size)
+{
+    struct imported **victim;
+
+    while (vmmt__chunk_reserved() + size > VMMT__ELASTIC_RESERVE_MAX &&
+           (victim = lru_idle(c, NULL, 1)) != NULL) {
+        vmmt__log(VMMT_LOG_INFO,
+                  "evicting the least recently used elastic pool (producer pid %d): importing "
+                  "another would reserve more address space than elastic imports may",
+                  (*victim)->geometry.producer_pid);
+        let_go(c, victim, "evicting");
+    }
+}
+
 /*
  * Over max_pools: let go of the least recently used idle pool other than
  * `except`. Where none is idle, eviction waits for a later call: the cache
@@ -374,19 +413,11 @@ static int idle(const struct imported *ip)
  */
 static void evict_idle(vmmt_consumer *c, const struct imported *except)
 {
-    struct imported **victim = NULL;
+    struct imported **victim;
 
     retry_retired(c);
     if (c->cfg.max_pools == 0 || c->count <= c->cfg.max_pools) return;
-    for (int pass = 0; pass < 2 && victim == NULL; pass++) {
-        /* Copies that finished a moment ago count as done once the acker has
-         * seen them; it never takes the consumer's lock, so it can be asked. */
-        if (pass == 1) vmmt__acker_flush(c->acker);
-        for (struct imported **pp = &c->pools; *pp != NULL; pp = &(*pp)->next)
-            if (*pp != except && idle(*pp) &&
-                (victim == NULL || (*pp)->last_used < (*victim)->last_used))
-                victim = pp;
-    }
+    victim = lru_idle(c, except, 0);
     if (victim == NULL) {
         vmmt__log(VMMT_LOG_DEBUG,
                   "%d pools imported, max_pools=%d: none is idle (copies queued), so "
