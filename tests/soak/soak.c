@@ -524,6 +524,13 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
         failed = 1;
     }
     if (vmmt_pool_get_stats(k.pool, &st) != VMMT_OK) die("stats");
+    /* The consumers said goodbye on their links before they exited; the broker's thread
+     * closes its ends when it reads that, which may be a moment after the exit. */
+    for (int ms = 0; st.consumer_links > 0 && ms < WAIT_MS; ms++) {
+        struct timespec t = {0, 1000000};
+        nanosleep(&t, NULL);
+        if (vmmt_pool_get_stats(k.pool, &st) != VMMT_OK) die("stats");
+    }
     fds_after = tu_count_fds();
     maps_after = tu_count_maps();
     printf("soak: %.0f s, %d consumers, seed %" PRIu64 ": %" PRIu64 " publishes (%" PRIu64
