@@ -41,6 +41,9 @@ VMMT_EMU_API int vmmt__emu_live_contexts(void);
 VMMT_EMU_API unsigned long long vmmt__emu_device_bytes(void);
 VMMT_EMU_API unsigned long long vmmt__emu_host_numa_bytes(void);
 
+/* Bytes of address space this process holds reserved now (cuMemAddressReserve). */
+VMMT_EMU_API unsigned long long vmmt__emu_reserved_bytes(void);
+
 /*
  * Calls of the entry point named `entry` (e.g. "cuMemMap") since the last
  * configure, failed ones included; -1 for a name that is no entry point.

@@ -165,6 +165,17 @@ unsigned long long vmmt__emu_device_bytes(void)
     return n;
 }
 
+unsigned long long vmmt__emu_reserved_bytes(void)
+{
+    unsigned long long n = 0;
+
+    vmmt__emu_lock();
+    for (const struct emu_resv *rv = g_resvs; rv != NULL; rv = rv->next)
+        n += rv->size;
+    vmmt__emu_unlock();
+    return n;
+}
+
 unsigned long long vmmt__emu_host_numa_bytes(void)
 {
     unsigned long long n;

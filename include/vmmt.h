@@ -605,7 +605,8 @@ typedef struct vmmt_consumer_config {
      * count may exceed this while copies are queued; a pool is never unmapped
      * under a queued copy. A pool of a producer that restarted is thus let go
      * instead of holding its device memory forever; a pool whose producer
-     * died is let go once idle whatever the count. Default 16; 0: no limit.
+     * died, or shut the pool down, is let go once idle whatever the count.
+     * Default 16; 0: no limit.
      */
     int max_pools;
 } vmmt_consumer_config;

@@ -19,19 +19,22 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "broker_wire.h"
 #include "clock.h"
+#include "fork_guard.h"
 #include "status.h"
 
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-
 /* ---------------------------------------------------------------- helpers */
+
+static _Atomic uint64_t g_tick;
+
+uint64_t vmmt__liveness_tick(void)
+{
+    return atomic_fetch_add(&g_tick, 1) + 1;
+}
 
 static void count(_Atomic uint64_t *counter)
 {
@@ -118,18 +121,6 @@ static void remove_conn(struct vmmt__broker *b, int i)
     b->conns[i] = b->conns[--b->nconns];
 }
 
-/*
- * Watch the peer process itself, so that its death is an event even when a
- * child it forked keeps the socket open. pidfd_open takes the pid SO_PEERCRED
- * gave at connect; should that process be gone and its pid reused already,
- * its socket is closed too, which the caller checks next (a poll for hang-up).
- */
-static int open_pidfd(pid_t pid)
-{
-    if (pid <= 0) return -1;
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-}
-
 static bool readable_now(int fd)
 {
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -162,9 +153,12 @@ static bool try_hold(struct vmmt__broker *b, int i)
         b->warned_bounds = true;
         return false;
     }
-    c->pidfd = open_pidfd(c->pid);
+    /* Watch the process itself too (SO_PEERPIDFD, or SO_PEERCRED's pid opened now): its exit
+     * tells that none of its copies can still run, where the hang-up may come first. */
+    c->pidfd = vmmt__broker_peer_pidfd(c->fd);
     c->state = CONN_HELD;
     memset(c->ranks, 0, sizeof c->ranks);
+    memset(c->held, 0, sizeof c->held);
     atomic_fetch_add(&b->held, 1);
     return true;
 }
@@ -263,11 +257,12 @@ static void update_live(struct vmmt__broker *b)
 static void link_died(struct vmmt__broker *b, int i)
 {
     uint64_t ranks[VMMT_BROKER_RANK_WORDS];
+    uint64_t held[VMMT_BROKER_MAX_RANKS];
     pid_t pid = b->conns[i].pid;
     uid_t uid = b->conns[i].uid;
-    int64_t held_ms = b->conns[i].held_ms;
     bool any = orphaned_ranks(b, i, ranks);
 
+    memcpy(held, b->conns[i].held, sizeof held);
     count(&b->deaths);
     remove_conn(b, i);
     vmmt__log(VMMT_LOG_INFO, "fd broker: consumer pid %d (uid %u) died%s", (int)pid, (unsigned)uid,
@@ -275,7 +270,7 @@ static void link_died(struct vmmt__broker *b, int i)
     /* The pool checks, when it releases, that no live link holds the ranks again:
      * the dead link must be gone from what it reads by then. */
     update_live(b);
-    if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid, held_ms);
+    if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid, held);
 }
 
 /*
@@ -297,15 +292,18 @@ static void link_closed(struct vmmt__broker *b, int i)
         remove_conn(b, i);
         return;
     }
-    vmmt__close_fd(&c->fd);
+    vmmt__guarded_close(c->fd);
+    c->fd = -1;
     if (c->pidfd >= 0 && !readable_now(c->pidfd)) {
         /* One orphan per process is enough to watch it: merge into one already there. */
         for (int j = 0; j < b->nconns; j++) {
             if (j == i || b->conns[j].state != CONN_ORPHAN || b->conns[j].pid != c->pid) continue;
+            uint64_t *into = b->conns[j].held;
             for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
                 b->conns[j].ranks[w] |= c->ranks[w];
-            if (c->held_ms != 0 && (b->conns[j].held_ms == 0 || c->held_ms < b->conns[j].held_ms))
-                b->conns[j].held_ms = c->held_ms;
+            /* The process held each rank since the earlier of the two links took it. */
+            for (int r = 0; r < VMMT_BROKER_MAX_RANKS; r++)
+                if (c->held[r] != 0 && (into[r] == 0 || c->held[r] < into[r])) into[r] = c->held[r];
             remove_conn(b, i);
             return;
         }
@@ -345,9 +343,11 @@ static bool serve_link(struct vmmt__broker *b, int i)
             remove_conn(b, i);
             return false;
         }
-        if (b->conns[i].held_ms == 0) b->conns[i].held_ms = vmmt__now_ms();
-        for (uint32_t r = m.first; r < m.first + m.count; r++)
+        uint64_t now = vmmt__liveness_tick();
+        for (uint32_t r = m.first; r < m.first + m.count; r++) {
             b->conns[i].ranks[r / 64] |= 1ull << (r % 64);
+            if (b->conns[i].held[r] == 0) b->conns[i].held[r] = now;
+        }
     }
     return true;
 }
@@ -384,7 +384,7 @@ static void drain_close(int cfd)
     uint8_t sink[64];
     for (int i = 0; i < 4 && recv(cfd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++)
         ;
-    close(cfd);
+    vmmt__guarded_close(cfd);
 }
 
 /* Credentials first: a peer that is not allowed is told so and closed at once. */
@@ -396,7 +396,7 @@ static void admit(struct vmmt__broker *b, int cfd, int64_t now)
 
     if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
         count(&b->refused_peer);
-        close(cfd);
+        vmmt__guarded_close(cfd);
         return;
     }
     if (!uid_allowed(b, cred.uid)) {
@@ -433,7 +433,8 @@ static void admit(struct vmmt__broker *b, int cfd, int64_t now)
 static void accept_new(struct vmmt__broker *b, int64_t now)
 {
     for (int k = 0; k < ACCEPTS_PER_ROUND; k++) {
-        int cfd = accept4(b->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        /* Guarded: a child the producer forks must not keep a consumer's link open. */
+        int cfd = vmmt__guarded_accept(b->listen_fd, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd >= 0) {
             admit(b, cfd, now);
             continue;

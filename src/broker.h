@@ -31,13 +31,22 @@
 #define VMMT_BROKER_RANK_WORDS         (VMMT_BROKER_MAX_RANKS / 64)
 
 /*
+ * A process-wide count that only grows (never 0): the order of liveness
+ * events, strictly, where clock readings could tie. Thread-safe.
+ */
+uint64_t vmmt__liveness_tick(void);
+
+/*
  * Called on the broker thread when ranks lose their last live holder (see
- * ranks). held_ms: when the dead process's link first said it holds ranks
- * (vmmt__now_ms), so that the pool can tell whether an engine's own release
- * of a rank came after that process took it (release.c).
+ * ranks). held[r]: when (vmmt__liveness_tick) the dead process's link first
+ * said it holds rank r, for each rank in `ranks`, so that the pool can tell
+ * whether an engine's own release of that rank came after that process took
+ * it (release.c). Per rank: a process may take a rank over long after its
+ * first.
  */
 typedef void (*vmmt__broker_dead_fn)(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS],
-                                     pid_t pid, uid_t uid, int64_t held_ms);
+                                     pid_t pid, uid_t uid,
+                                     const uint64_t held[VMMT_BROKER_MAX_RANKS]);
 
 struct vmmt__broker_config {
     const char *path;          /* NULL: an unguessable abstract name; else a filesystem path */

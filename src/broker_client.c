@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #include "broker.h"
 #include "broker_wire.h"
 #include "clock.h"
+#include "fork_guard.h"
 #include "status.h"
 
 #define PREFIX         "CUDA VMM POSIX FD broker failed: "
@@ -95,7 +97,9 @@ static int client_connect(const struct vmmt__broker_addr *addr, const char *wher
 {
     struct sockaddr_un sun;
     socklen_t sl = vmmt__broker_sockaddr(addr, &sun);
-    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), err = 0;
+    /* Guarded: a child forked meanwhile must not keep what may become our liveness link. */
+    int s = vmmt__guarded_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0),
+        err = 0;
     socklen_t el = sizeof err;
 
     if (s < 0) return vmmt__sys_fail(PREFIX "socket(AF_UNIX, SOCK_SEQPACKET)");
@@ -107,7 +111,7 @@ static int client_connect(const struct vmmt__broker_addr *addr, const char *wher
             continue;
         }
         if (errno == EAGAIN) {
-            close(s);
+            vmmt__guarded_close(s);
             return vmmt__fail(VMMT_ETIMEDOUT,
                               PREFIX "cannot connect to %s within %d ms: its backlog stays full; "
                                      "is the producer alive?",
@@ -115,19 +119,19 @@ static int client_connect(const struct vmmt__broker_addr *addr, const char *wher
         }
         if (errno != EINPROGRESS) {
             err = errno;
-            close(s);
+            vmmt__guarded_close(s);
             return connect_failed(addr, where, err);
         }
         int r = wait_fd(s, POLLOUT, deadline);
         if (r == 0) {
-            close(s);
+            vmmt__guarded_close(s);
             return vmmt__fail(VMMT_ETIMEDOUT,
                               PREFIX "cannot connect to %s within %d ms; is the producer alive?",
                               where, timeout_ms);
         }
         if (r < 0 || getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
         if (err != 0) {
-            close(s);
+            vmmt__guarded_close(s);
             return connect_failed(addr, where, err);
         }
         break;
@@ -487,6 +491,29 @@ static int new_link(int s, pid_t peer_pid, struct vmmt__broker_link **out)
 }
 
 /*
+ * Liveness without pidfds works from the links' hang-ups alone, and loses
+ * what only a pidfd gives: an exit that is certain (a hang-up can come
+ * before the kernel has torn the dying process's GPU context down). Said
+ * once per process, by whichever side finds it first.
+ */
+static void warn_degraded(int by_option, int by_open)
+{
+    static atomic_flag warned = ATOMIC_FLAG_INIT;
+
+    if (atomic_flag_test_and_set(&warned)) return;
+    vmmt__log(VMMT_LOG_WARN,
+              "liveness runs without pidfds in this process (SO_PEERPIDFD: %s; pidfd_open: %s): "
+              "the death of a producer or consumer process is told by the hang-up of its "
+              "liveness link alone, which may come before its GPU context is torn down; allow "
+              "pidfd_open (seccomp) or use Linux 6.5 or later for the exit itself (warned once "
+              "per process)",
+              strerror(by_option),
+              by_open ? strerror(by_open)
+                      : "the peer's pid is not visible "
+                        "in this pid namespace");
+}
+
+/*
  * The process at the other end of a connected socket, as a pidfd, or -1.
  * SO_PEERPIDFD (Linux 6.5) names the very process; before it, SO_PEERCRED's
  * pid opened at once, while the connection is fresh (a pid recycled in the
@@ -500,14 +527,22 @@ int vmmt__broker_peer_pidfd(int sock)
 {
     struct ucred cr;
     socklen_t len;
-    int fd = -1;
+    int fd = -1, by_option, by_open = 0;
 
     len = sizeof fd;
     if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) return fd;
+    by_option = errno;
     len = sizeof cr;
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || cr.pid <= 0) return -1;
-    fd = (int)syscall(SYS_pidfd_open, (pid_t)cr.pid, 0);
-    return fd >= 0 ? fd : -1;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) return -1;
+    if (cr.pid > 0) {
+        fd = (int)syscall(SYS_pidfd_open, (pid_t)cr.pid, 0);
+        if (fd >= 0) return fd;
+        by_open = errno;
+        /* Exited already: its socket tells as much; nothing is missing here. */
+        if (by_open == ESRCH) return -1;
+    }
+    warn_degraded(by_option, by_open);
+    return -1;
 }
 
 static int fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16],
@@ -551,7 +586,7 @@ static int fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16]
         if (st != VMMT_ECLOSED || rp.len != 0 || remaining_ms(deadline) <= RETRY_PAUSE_MS) break;
         for (int i = 0; i < rp.nfds; i++)
             close(rp.fds[i]);
-        close(s);
+        vmmt__guarded_close(s);
         s = -1;
         poll(NULL, 0, RETRY_PAUSE_MS);
     }
@@ -571,7 +606,7 @@ static int fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16]
     }
     for (int i = 0; i < rp.nfds; i++)
         close(rp.fds[i]);
-    if (s >= 0) close(s);
+    vmmt__guarded_close(s);
     return st;
 }
 
@@ -672,7 +707,7 @@ void vmmt__broker_link_close(struct vmmt__broker_link *l, int goodbye)
         pthread_mutex_unlock(&l->lock);
         vmmt__error_restore(&e);
     }
-    close(l->fd);
+    vmmt__guarded_close(l->fd);
     pthread_mutex_destroy(&l->lock);
     free(l);
 }

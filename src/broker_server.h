@@ -37,8 +37,11 @@ struct conn {
     pid_t pid;
     int64_t deadline; /* pending: the request must arrive by then */
     uint64_t seq;     /* accept order, for eviction of the oldest */
-    int64_t held_ms;  /* monotonic ms of its first hold message; 0 before (vmmt__broker_dead_fn) */
     uint64_t ranks[VMMT_BROKER_RANK_WORDS];
+    /* Links: per rank, the vmmt__liveness_tick of its first hold (vmmt__broker_dead_fn); 0
+     * for ranks not held. In place: the broker thread never allocates (a thread's first
+     * malloc maps an arena that outlives the thread). */
+    uint64_t held[VMMT_BROKER_MAX_RANKS];
 };
 
 struct vmmt__broker {

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "broker_wire.h"
+#include "fork_guard.h"
 #include "status.h"
 
 static int new_socket(void)
@@ -146,7 +147,8 @@ static void unlink_path(struct vmmt__broker *b)
 
 static int open_listener(struct vmmt__broker *b, const char *path)
 {
-    int s = new_socket(), st;
+    /* Guarded: a child the producer forks must not keep listening in its place. */
+    int s = vmmt__guarded_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), st;
 
     if (s < 0) return vmmt__sys_fail("socket(AF_UNIX, SOCK_SEQPACKET)");
     st = path ? bind_path(b, s, path) : bind_abstract(b, s);
@@ -159,7 +161,7 @@ static int open_listener(struct vmmt__broker *b, const char *path)
     return VMMT_OK;
 fail:
     unlink_path(b);
-    close(s);
+    vmmt__guarded_close(s);
     return st;
 }
 
@@ -271,16 +273,23 @@ int vmmt__broker_start_fds(const int *fds, int nfds, const uint8_t pool_id[16],
         st = vmmt__sys_fail("eventfd");
         goto fail_served;
     }
-    st = open_listener(b, cfg ? cfg->path : NULL);
+    /* Every connection the thread may hold at once, and the one it accepts before it
+     * checks the bounds. */
+    st = vmmt__guard_reserve(MAX_CONNS + 1);
     if (st != VMMT_OK) goto fail_wake;
+    st = open_listener(b, cfg ? cfg->path : NULL);
+    if (st != VMMT_OK) goto fail_reserve;
     st = start_thread(b);
     if (st != VMMT_OK) goto fail_listener;
     *out = b;
     return VMMT_OK;
 
 fail_listener:
-    vmmt__close_fd(&b->listen_fd);
+    vmmt__guarded_close(b->listen_fd);
+    b->listen_fd = -1;
     unlink_path(b);
+fail_reserve:
+    vmmt__guard_unreserve(MAX_CONNS + 1);
 fail_wake:
     vmmt__close_fd(&b->wake_fd);
 fail_served:
@@ -325,8 +334,10 @@ void vmmt__broker_stop(struct vmmt__broker *b)
                   STOP_JOIN_MS, strerror(err));
         return;
     }
-    vmmt__close_fd(&b->listen_fd);
+    vmmt__guarded_close(b->listen_fd);
+    b->listen_fd = -1;
     unlink_path(b);
+    vmmt__guard_unreserve(MAX_CONNS + 1);
     vmmt__close_fd(&b->wake_fd);
     close_served(b);
     free(b->allowed);

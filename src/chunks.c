@@ -3,12 +3,23 @@
  * chunk imported from the producer's broker (under its chunk id) and mapped
  * at its offset the first time a descriptor needs it, and kept. The shared
  * table's incarnation word says which making of a chunk is current; a chunk
- * the producer gave back and made again is unmapped and imported afresh. That
- * is safe without waiting: the producer gives a chunk back only once every
- * slice in it was acknowledged, and a shared-table acknowledgement is written
- * only after the copy it follows has finished.
+ * the producer gave back and made again is unmapped and imported afresh.
+ *
+ * A chunk is unmapped only while no copy out of the pool is queued here
+ * (the import's quiet callback says so). That the producer gave it back
+ * proves nothing: it does so once every slice in it was acknowledged, which
+ * a rank released on a consumer's behalf (vmmt_pool_release_rank, the lease)
+ * or the pool's shutdown, which gives every chunk back, does not wait for.
+ * An unmap under a queued copy faults the consumer's context on a GPU.
+ *
+ * The range is reserved whole, whatever the pool holds: a buffer may span
+ * chunks, and the copy reads it at base + offset. Address space is the
+ * process's, so the chunk maps of a process reserve VMMT__ELASTIC_RESERVE_MAX
+ * at most together (a pool of at most 1 TiB reserves 1 TiB in every process
+ * that imports it; 128 such imports would exhaust an x86-64 process).
  */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -35,9 +46,49 @@ struct vmmt__chunk_map {
     uint32_t *mapped;      /* the chunks mapped now, nmapped of them, in no order */
     uint32_t nmapped;
     double last_trim_us;
+    int (*quiet)(void *arg); /* 1 when no copy out of the pool is queued in this process */
+    void *quiet_arg;
 };
 
 #define TRIM_INTERVAL_US 50000.0
+
+static _Atomic uint64_t g_reserved; /* by the chunk maps of this process */
+
+uint64_t vmmt__chunk_reserved(void)
+{
+    return atomic_load(&g_reserved);
+}
+
+/* Count size against the bound; 0 when it does not fit. */
+static int take_space(uint64_t size)
+{
+    uint64_t now = atomic_load(&g_reserved);
+
+    do
+        if (size > VMMT__ELASTIC_RESERVE_MAX - now) return 0;
+    while (!atomic_compare_exchange_weak(&g_reserved, &now, now + size));
+    return 1;
+}
+
+static int no_space(uint64_t size)
+{
+    const double gib = 1024.0 * 1024 * 1024;
+
+    if (size > VMMT__ELASTIC_RESERVE_MAX)
+        return vmmt__fail(VMMT_ETOOBIG,
+                          "the elastic pool may grow to %.1f GiB, and a consumer reserves that "
+                          "much address space for it; a process reserves at most %.0f GiB for "
+                          "elastic pools: ask the producer for a smaller memory_size",
+                          size / gib, VMMT__ELASTIC_RESERVE_MAX / gib);
+    return vmmt__fail(VMMT_ENOMEM,
+                      "importing an elastic pool of at most %.1f GiB reserves that much address "
+                      "space, and this process's elastic imports hold %.1f GiB of the %.0f GiB "
+                      "they may reserve together, none of this consumer's idle: synchronize the "
+                      "streams that consumed from them (idle imports are let go to make room), "
+                      "evict some (vmmt_consumer_evict), or ask producers for a smaller "
+                      "memory_size",
+                      size / gib, vmmt__chunk_reserved() / gib, VMMT__ELASTIC_RESERVE_MAX / gib);
+}
 
 CUdeviceptr vmmt__chunk_map_base(const struct vmmt__chunk_map *m)
 {
@@ -45,7 +96,7 @@ CUdeviceptr vmmt__chunk_map_base(const struct vmmt__chunk_map *m)
 }
 
 int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_ms,
-                           struct vmmt__chunk_map **out)
+                           int (*quiet)(void *arg), void *quiet_arg, struct vmmt__chunk_map **out)
 {
     const struct vmmt_drv *drv = vmmt__drv();
     struct vmmt__chunk_map *m;
@@ -74,11 +125,19 @@ int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_m
     m->chunk = d->chunk_size;
     m->device = device;
     m->timeout_ms = timeout_ms;
+    m->quiet = quiet;
+    m->quiet_arg = quiet_arg;
     m->broker = d->broker;
     vmmt__broker_expect(d->producer_uid, d->producer_pid, d->producer_pidns, &m->producer);
     memcpy(m->pool_id, d->pool_id, 16);
+    if (!take_space(m->size)) {
+        st = no_space(m->size);
+        vmmt__chunk_map_destroy(m);
+        return st;
+    }
     st = VMMT_CU(drv, cuMemAddressReserve(&m->base, m->size, gmin, 0, 0));
     if (st != VMMT_OK) {
+        atomic_fetch_sub(&g_reserved, m->size);
         m->base = 0;
         vmmt__chunk_map_destroy(m);
         return vmmt__wrap(st, "reserving %" PRIu64 " bytes for an elastic pool", d->alloc_size);
@@ -150,6 +209,15 @@ int vmmt__chunk_map_ensure(struct vmmt__chunk_map *m, const uint32_t *words,
                               "%u): the descriptor is stale, its slice was recycled",
                               k, now == 0 ? "given back" : "made again", d->incarnation);
         if (m->incarnation[k] == now) continue;
+        /* Its previous making went back without our acknowledgement (a rank released on
+         * our behalf): our copy out of it may still be queued. */
+        if (m->incarnation[k] != 0 && !m->quiet(m->quiet_arg))
+            return vmmt__fail(VMMT_ESTATE,
+                              "chunk %u of the pool was made again while a copy out of its "
+                              "previous making may still be queued in this process (its rank "
+                              "was released on this consumer's behalf?); synchronize the "
+                              "streams that consumed from the pool and consume again",
+                              k);
         st = unmap_chunk(m, k);
         if (st == VMMT_OK) st = map_chunk(m, k);
         if (st != VMMT_OK) return st;
@@ -171,6 +239,8 @@ int vmmt__chunk_map_trim(struct vmmt__chunk_map *m, const uint32_t *words)
 
     if (now - m->last_trim_us < TRIM_INTERVAL_US) return VMMT_OK;
     m->last_trim_us = now;
+    /* Not while a copy is queued: a call after the next interval tries again. */
+    if (!m->quiet(m->quiet_arg)) return VMMT_OK;
     /* Backwards: unmapping moves the last entry into the freed place. */
     for (uint32_t i = m->nmapped; i-- > 0 && st == VMMT_OK;) {
         uint32_t k = m->mapped[i];
@@ -189,6 +259,7 @@ int vmmt__chunk_map_destroy(struct vmmt__chunk_map *m)
     if (st != VMMT_OK) return st;
     if (m->base != 0) st = VMMT_CU(vmmt__drv(), cuMemAddressFree(m->base, m->size));
     if (st != VMMT_OK) return st;
+    if (m->base != 0) atomic_fetch_sub(&g_reserved, m->size);
     free(m->handle);
     free(m->incarnation);
     free(m->mapped);

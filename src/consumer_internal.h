@@ -67,7 +67,8 @@ struct imported {
     uint64_t last_used;  /* consumer->clock at the last consume or ack */
     uint64_t serial;     /* names this import to the producer watch (never reused) */
     int pidfd;           /* the producer process, from the broker connection; -1 if unknown */
-    int dead;            /* the producer is gone: no new consumes; let go once idle */
+    int dead;            /* the producer exited or shut the pool down: no new consumes; let go
+                            once idle */
     uint64_t checked_us; /* when the pidfd was last polled by a consume */
     /* Host polling of ready words where a stream may not wait on them. */
     pthread_mutex_t poll_lock;
@@ -106,13 +107,13 @@ struct vmmt_consumer {
 
 /*
  * The import of the pool `d` names for `device`: the cached one after
- * checking d against it, or a new import. Lock held (imports are rare and
- * serial).
+ * checking d against it, or a new import; then, over max_pools, another
+ * idle pool is evicted. Lock held (imports are rare and serial).
  */
 int vmmt__cache_get(struct vmmt_consumer *c, const struct vmmt__desc *d, int device,
                     struct imported **out);
 
-/* A call starts using ip (the lock held); may evict another idle pool. */
+/* A call starts using ip (the lock held). */
 void vmmt__cache_use(struct vmmt_consumer *c, struct imported *ip);
 
 /* A call or a copy stops using ip; takes the lock. */
@@ -127,8 +128,9 @@ void vmmt__cache_unuse(struct vmmt_consumer *c, struct imported *ip);
 void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip);
 
 /*
- * 1 if ip's producer is gone (and handled); polls its pidfd at most once a
- * millisecond unless forced. Lock held.
+ * 1 if ip's producer is gone, exited or shut the pool down (and handled);
+ * polls its pidfd and liveness link at most once a millisecond unless
+ * forced. Lock held.
  */
 int vmmt__cache_producer_gone(struct vmmt_consumer *c, struct imported *ip, int force);
 
@@ -141,7 +143,7 @@ int vmmt__cache_known_dead(const struct vmmt_consumer *c, const uint8_t pool_id[
 /* Let go of idle pools of dead producers, and retry failed teardowns (lock held). */
 void vmmt__cache_reap(struct vmmt_consumer *c);
 
-/* The producer watch (producer_watch.c): a thread that learns of deaths by pidfd. */
+/* The producer watch (producer_watch.c): a thread that learns of deaths by pidfd or link. */
 int vmmt__watch_add(struct vmmt_consumer *c, struct imported *ip);     /* lock held */
 void vmmt__watch_remove(struct vmmt_consumer *c, struct imported *ip); /* lock held */
 void vmmt__watch_stop(struct vmmt_consumer *c);                        /* lock not held */

@@ -180,6 +180,17 @@ static void retry_retired(vmmt_consumer *c)
     vmmt__error_restore(&e);
 }
 
+static int copies(const struct imported *ip);
+
+/* For the chunk map, which unmaps a chunk only then: is no copy out of ip queued? */
+static int quiet(void *arg)
+{
+    struct imported *ip = arg;
+
+    if (copies(ip) > 0) vmmt__acker_flush(ip->owner->acker);
+    return copies(ip) == 0;
+}
+
 /*
  * An elastic pool: the broker serves the shared table under the pool's id
  * (its chunks come one by one, on first use); the range is reserved now.
@@ -199,7 +210,8 @@ static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct i
         st = vmmt__ctrl_attach_shared(
             fd, table + vmmt__elastic_words_bytes(d->alloc_size, d->chunk_size), &g, 0, &ip->ctrl);
     if (fd >= 0) close(fd);
-    if (st == VMMT_OK) st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, &ip->chunks);
+    if (st == VMMT_OK)
+        st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, quiet, ip, &ip->chunks);
     if (st != VMMT_OK) {
         vmmt__ctrl_release(&ip->ctrl);
         vmmt__broker_link_close(ip->link, 1);
@@ -263,6 +275,8 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
     return st;
 }
 
+static void make_room(vmmt_consumer *c, uint64_t size);
+
 /* Fetch the handle, import and map; lock held (imports are rare and serial). */
 static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
                        struct imported **out)
@@ -284,6 +298,7 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
         memcpy(f.data, d->fabric, sizeof f.data);
         st = vmmt__mapping_import_fabric(device, &f, d->alloc_size, &ip->map);
     } else if (d->chunk_size != 0) {
+        make_room(c, d->alloc_size);
         st = vmmt__ctx_enter(device);
         if (st == VMMT_OK) {
             st = import_chunked(c, d, ip);
@@ -317,7 +332,7 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
     c->count++;
     /* Without the watch the pool still works; a death is then noticed only
      * by later calls on the pool (consume, check, destroy). */
-    if (ip->pidfd >= 0 && vmmt__watch_add(c, ip) != VMMT_OK)
+    if (vmmt__watch_add(c, ip) != VMMT_OK)
         vmmt__log(VMMT_LOG_WARN,
                   "the death of producer pid %d will be noticed only by later calls on its "
                   "pool: %s",
@@ -356,25 +371,55 @@ static int idle(const struct imported *ip)
     return ip->users == 0 && copies(ip) == 0 && (ip->open_groups == 0 || ip->dead);
 }
 
-/*
- * Over max_pools: let go of the least recently used idle pool. Where none is
- * idle, eviction waits for a later call: the cache may hold more than
- * max_pools for as long as their copies are queued. Lock held.
- */
-static void evict_idle(vmmt_consumer *c)
+/* The least recently used idle pool other than `except` (elastic ones only, if asked). */
+static struct imported **lru_idle(vmmt_consumer *c, const struct imported *except, int elastic)
 {
     struct imported **victim = NULL;
 
-    retry_retired(c);
-    if (c->cfg.max_pools == 0 || c->count <= c->cfg.max_pools) return;
     for (int pass = 0; pass < 2 && victim == NULL; pass++) {
         /* Copies that finished a moment ago count as done once the acker has
          * seen them; it never takes the consumer's lock, so it can be asked. */
         if (pass == 1) vmmt__acker_flush(c->acker);
         for (struct imported **pp = &c->pools; *pp != NULL; pp = &(*pp)->next)
-            if (idle(*pp) && (victim == NULL || (*pp)->last_used < (*victim)->last_used))
+            if (*pp != except && (!elastic || (*pp)->chunks != NULL) && idle(*pp) &&
+                (victim == NULL || (*pp)->last_used < (*victim)->last_used))
                 victim = pp;
     }
+    return victim;
+}
+
+/*
+ * An elastic pool of at most `size` bytes is about to be imported: while the
+ * process's elastic imports would reserve more than they may with it, let go
+ * of this cache's idle elastic pools, least recently used first. Lock held.
+ */
+static void make_room(vmmt_consumer *c, uint64_t size)
+{
+    struct imported **victim;
+
+    while (vmmt__chunk_reserved() + size > VMMT__ELASTIC_RESERVE_MAX &&
+           (victim = lru_idle(c, NULL, 1)) != NULL) {
+        vmmt__log(VMMT_LOG_INFO,
+                  "evicting the least recently used elastic pool (producer pid %d): importing "
+                  "another would reserve more address space than elastic imports may",
+                  (*victim)->geometry.producer_pid);
+        let_go(c, victim, "evicting");
+    }
+}
+
+/*
+ * Over max_pools: let go of the least recently used idle pool other than
+ * `except`. Where none is idle, eviction waits for a later call: the cache
+ * may hold more than max_pools for as long as their copies are queued. Lock
+ * held.
+ */
+static void evict_idle(vmmt_consumer *c, const struct imported *except)
+{
+    struct imported **victim;
+
+    retry_retired(c);
+    if (c->cfg.max_pools == 0 || c->count <= c->cfg.max_pools) return;
+    victim = lru_idle(c, except, 0);
     if (victim == NULL) {
         vmmt__log(VMMT_LOG_DEBUG,
                   "%d pools imported, max_pools=%d: none is idle (copies queued), so "
@@ -410,7 +455,8 @@ void vmmt__cache_reap(struct vmmt_consumer *c)
 static int producer_gone(const struct vmmt__desc *d)
 {
     return vmmt__fail(VMMT_ECLOSED,
-                      "the producer (pid %d) of this pool has exited; nothing more can be "
+                      "the producer (pid %d) of this pool has exited or shut its pool down; "
+                      "nothing more can be "
                       "consumed from it (vmmt_consumer_check reports descriptors consumed before "
                       "their bytes were ready): drop the request",
                       d->producer_pid);
@@ -425,17 +471,22 @@ int vmmt__cache_get(struct vmmt_consumer *c, const struct vmmt__desc *d, int dev
     if (*out != NULL) {
         st = vmmt__desc_check_pool(d, &(*out)->geometry);
         if (st == VMMT_OK && vmmt__cache_producer_gone(c, *out, 0)) st = producer_gone(d);
-        return st;
+    } else if (vmmt__cache_known_dead(c, d->pool_id)) {
+        return producer_gone(d);
+    } else {
+        st = import_pool(c, d, device, out);
     }
-    if (vmmt__cache_known_dead(c, d->pool_id)) return producer_gone(d);
-    return import_pool(c, d, device, out);
+    /* Here, on every call, not once the consume succeeds: one that fails from here
+     * on (a stale descriptor) has still imported its pool. Not the pool asked for:
+     * it is not in use yet, but about to be. */
+    if (*out != NULL) evict_idle(c, *out);
+    return st;
 }
 
 void vmmt__cache_use(struct vmmt_consumer *c, struct imported *ip)
 {
     ip->users++;
     ip->last_used = ++c->clock;
-    evict_idle(c);
 }
 
 void vmmt__cache_unuse(struct vmmt_consumer *c, struct imported *ip)

@@ -110,8 +110,8 @@ struct vmmt_pool {
     /* Ranks whose consumer died, for the recycler to release (release.c); lock held. */
     uint64_t dead_ranks[VMMT_BROKER_RANK_WORDS];
     pid_t dead_pid;
-    /* Per rank: when vmmt_pool_release_rank last released it (vmmt__now_ms); lock held. */
-    int64_t released_ms[VMMT_BROKER_MAX_RANKS];
+    /* Per rank: when vmmt_pool_release_rank last released it (vmmt__liveness_tick); lock held. */
+    uint64_t released_at[VMMT_BROKER_MAX_RANKS];
     uint64_t rank_releases, released_slices;
     /* consumer_lease_ms: when the recycler first saw each slot's occupant in flight. */
     uint32_t *lease_gen;
@@ -187,7 +187,7 @@ void vmmt__host_pool_set_ready(struct vmmt_pool *p, uint32_t slot, uint32_t gen)
  * those of them still in flight (release.c says which are left out).
  */
 void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
-                           uid_t uid, int64_t held_ms);
+                           uid_t uid, const uint64_t held[VMMT_BROKER_MAX_RANKS]);
 void vmmt__pool_release_pending(struct vmmt_pool *p);
 
 /* consumer_lease_ms: release ranks no live link holds that sat on a slice too long (recycler). */

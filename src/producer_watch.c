@@ -4,8 +4,12 @@
  * waits on that flag wedged: on a GPU such a wait has no limit. The consumer
  * therefore holds a pidfd of each producer (taken on the broker connection,
  * whose SO_PEERCRED names the producer process) and a thread watches them
- * with epoll. When one becomes readable the producer has exited; then, under
- * the consumer's lock:
+ * with epoll, and beside them the liveness links: a link hangs up when the
+ * producer's end closes, and only the producer holds that end (its broker's
+ * sockets are not kept by children it forks, fork_guard.c). A hang-up means
+ * the producer exited or shut the pool down; where no pidfd can be had
+ * (pidfd_open refused, a kernel before 6.5) it is all there is. Either way
+ * the pool is over; then, under the consumer's lock:
  *
  *   - every descriptor this process consumed whose ready word had not
  *     reached its generation is marked failed: what was (or will be) copied
@@ -31,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "broker.h"
 #include "clock.h"
 #include "consumer_internal.h"
 #include "ctrl.h"
@@ -53,6 +58,16 @@ static int pidfd_exited(int pidfd)
     struct pollfd p = {.fd = pidfd, .events = POLLIN};
 
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+
+/*
+ * Is ip's producer gone? Its pidfd says it exited; its liveness link hangs
+ * up when it exited or shut the pool down (the broker stops only once every
+ * publish copy has landed, so nothing is lost either way): the pool is over.
+ */
+static int gone_now(const struct imported *ip)
+{
+    return (ip->pidfd >= 0 && pidfd_exited(ip->pidfd)) || vmmt__broker_link_peer_gone(ip->link);
 }
 
 static void remember_failed(struct vmmt_consumer *c, const struct imported *ip, uint32_t slot,
@@ -106,6 +121,13 @@ out:
     return st;
 }
 
+/* A dying process's files close before its exit is reported: a hang-up alone may be either. */
+static const char *how_gone(const struct imported *ip)
+{
+    if (ip->pidfd >= 0 && pidfd_exited(ip->pidfd)) return "has exited";
+    return "has exited or shut its pool down (its liveness link hung up)";
+}
+
 void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip)
 {
     const struct vmmt__desc *g = &ip->geometry;
@@ -151,31 +173,30 @@ void vmmt__cache_producer_died(struct vmmt_consumer *c, struct imported *ip)
     /* A producer that ends after every buffer it handed out landed is the
      * normal end of a pool: worth a notice, not a warning. */
     vmmt__log(failed ? VMMT_LOG_WARN : VMMT_LOG_INFO,
-              "the producer (pid %d) of an imported pool has exited: %" PRIu32
+              "the producer (pid %d) of an imported pool %s: %" PRIu32
               " descriptor(s) consumed here before their bytes were ready are marked failed "
               "(vmmt_consumer_check), new consumes fail, and the pool is let go once its "
               "copies are done",
-              g->producer_pid, failed);
+              g->producer_pid, how_gone(ip), failed);
 }
 
 int vmmt__cache_producer_gone(struct vmmt_consumer *c, struct imported *ip, int force)
 {
     if (ip->dead) return 1;
-    if (ip->pidfd < 0) return 0;
+    if (ip->pidfd < 0 && ip->link == NULL) return 0;
     if (!force) {
         uint64_t now = (uint64_t)vmmt__now_us();
         if (now - ip->checked_us < CHECK_EVERY_US) return 0;
         ip->checked_us = now;
     }
-    if (!pidfd_exited(ip->pidfd)) return 0;
+    if (!gone_now(ip)) return 0;
     vmmt__cache_producer_died(c, ip);
     return 1;
 }
 
 int vmmt__cache_pidfd_exited(const struct imported *ip)
 {
-    return __atomic_load_n(&ip->dead, __ATOMIC_ACQUIRE) ||
-           (ip->pidfd >= 0 && pidfd_exited(ip->pidfd));
+    return __atomic_load_n(&ip->dead, __ATOMIC_ACQUIRE) || gone_now(ip);
 }
 
 int vmmt__cache_known_dead(const struct vmmt_consumer *c, const uint8_t pool_id[16])
@@ -252,21 +273,30 @@ fail:
 
 int vmmt__watch_add(struct vmmt_consumer *c, struct imported *ip)
 {
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.u64 = ip->serial};
+    /* EPOLLRDHUP: a link's hang-up (the broker never sends on it). */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.u64 = ip->serial};
+    int link = vmmt__broker_link_fd(ip->link);
 
+    if (ip->pidfd < 0 && link < 0) return VMMT_OK; /* FABRIC, or served without a link */
     if (c->watch == NULL) {
         int st = watch_start(c);
         if (st != VMMT_OK) return st;
     }
-    if (epoll_ctl(c->watch->ep, EPOLL_CTL_ADD, ip->pidfd, &ev) != 0)
+    if (ip->pidfd >= 0 && epoll_ctl(c->watch->ep, EPOLL_CTL_ADD, ip->pidfd, &ev) != 0)
         return vmmt__sys_fail("watching the producer's pidfd");
+    if (link >= 0 && epoll_ctl(c->watch->ep, EPOLL_CTL_ADD, link, &ev) != 0)
+        return vmmt__sys_fail("watching the producer's liveness link");
     return VMMT_OK;
 }
 
 void vmmt__watch_remove(struct vmmt_consumer *c, struct imported *ip)
 {
+    int link = vmmt__broker_link_fd(ip->link);
+
     /* ENOENT (never added, or the watch failed to start) is fine. */
-    if (c->watch != NULL && ip->pidfd >= 0) epoll_ctl(c->watch->ep, EPOLL_CTL_DEL, ip->pidfd, NULL);
+    if (c->watch == NULL) return;
+    if (ip->pidfd >= 0) epoll_ctl(c->watch->ep, EPOLL_CTL_DEL, ip->pidfd, NULL);
+    if (link >= 0) epoll_ctl(c->watch->ep, EPOLL_CTL_DEL, link, NULL);
 }
 
 void vmmt__watch_stop(struct vmmt_consumer *c)

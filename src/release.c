@@ -52,15 +52,17 @@ static int has_rank(const uint64_t ranks[VMMT_BROKER_RANK_WORDS], uint32_t r)
  * release used to take every slice in flight when the recycler ran, and
  * recycled a restarted rank's slices under it, wrong bytes with status OK).
  * A rank that the engine released itself (vmmt_pool_release_rank) after
- * this process took it is left out: that call released everything the
+ * this process took that rank is left out: that call released everything the
  * process could hold, and what was published after it is the next
- * process's. The window that remains, the death seen only after the engine
- * restarted the rank and published for the new process without calling
+ * process's. Compared per rank: a process that took a rank over after its
+ * release (its link held other ranks before) holds what was published for
+ * it since (defect 7 of issue 16: that rank was never released). The window that remains, the death
+ * seen only after the engine restarted the rank and published for the new process without calling
  * vmmt_pool_release_rank, is narrowed by the recycler skipping ranks that a
  * live link holds again (vmmt__pool_release_pending).
  */
 void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
-                           uid_t uid, int64_t held_ms)
+                           uid_t uid, const uint64_t held[VMMT_BROKER_MAX_RANKS])
 {
     struct vmmt_pool *p = pool;
     uint64_t todo[VMMT_BROKER_RANK_WORDS], skipped[VMMT_BROKER_RANK_WORDS] = {0};
@@ -70,7 +72,7 @@ void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WOR
     pthread_mutex_lock(&p->lock);
     memcpy(todo, ranks, sizeof todo);
     for (uint32_t r = 0; r < VMMT_BROKER_MAX_RANKS; r++) {
-        if (!has_rank(todo, r) || p->released_ms[r] == 0 || p->released_ms[r] < held_ms) continue;
+        if (!has_rank(todo, r) || p->released_at[r] == 0 || p->released_at[r] < held[r]) continue;
         todo[r / 64] &= ~(1ull << (r % 64));
         skipped[r / 64] |= 1ull << (r % 64);
         any_skipped = 1;
@@ -307,7 +309,7 @@ int vmmt_pool_release_rank(vmmt_pool *p, int rank)
     /* Before the release: a death of the rank's process seen from now on, by a
      * broker running late, is known to be covered by it (vmmt__pool_ranks_dead). */
     pthread_mutex_lock(&p->lock);
-    p->released_ms[rank] = vmmt__now_ms();
+    p->released_at[rank] = vmmt__liveness_tick();
     pthread_mutex_unlock(&p->lock);
     st = release_ranks(p, ranks, 0, "vmmt_pool_release_rank");
     vmmt__pool_leave(p);

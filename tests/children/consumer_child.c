@@ -3,8 +3,11 @@
  * RANK_FIRST RANK_COUNT. Reads struct tu_msg from fd 3 until index
  * UINT32_MAX; for each, consumes into a device buffer on its own stream,
  * checks the bytes, and answers with struct tu_reply. A message whose pad is
- * 1 is only kept (status 1): the slice stays held, as by a slow rank. Exits
- * 0 if all matched.
+ * TU_MSG_KEEP is only kept (status 1): the slice stays held, as by a slow
+ * rank. TU_MSG_RANK(r) consumes for rank r alone (a process taking over a
+ * rank). TU_MSG_LINGER forks a worker (no exec) that keeps every fd it
+ * inherited and sleeps until killed, as a worker forked by an engine would;
+ * its pid comes back in first_bad. Exits 0 if all matched.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,14 +72,21 @@ int main(int argc, char **argv)
         struct tu_reply rep;
         ssize_t n = read(3, &m, sizeof m);
         if (n != (ssize_t)sizeof m || m.index == UINT32_MAX) break;
-        if (m.pad == 1) {
+        if (m.pad == TU_MSG_KEEP || m.pad == TU_MSG_LINGER) {
+            pid_t pid = m.pad == TU_MSG_LINGER ? fork() : 1;
+            if (pid == 0) alarm(120); /* never outlives a test that forgot it */
+            while (pid == 0)          /* the worker: it holds what it inherited until killed */
+                pause();
             rep.index = m.index;
-            rep.status = 1;
-            rep.first_bad = 0;
+            rep.status = pid > 0 ? 1 : -1;
+            rep.first_bad = m.pad == TU_MSG_LINGER && pid > 0 ? (uint64_t)pid : 0;
             if (write(3, &rep, sizeof rep) != (ssize_t)sizeof rep) break;
             continue;
         }
-        rep.status = handle(c, device, first, count, &m, s, &rep);
+        if (m.pad >= TU_MSG_RANK(0))
+            rep.status = handle(c, device, (int)(m.pad - TU_MSG_RANK(0)), 1, &m, s, &rep);
+        else
+            rep.status = handle(c, device, first, count, &m, s, &rep);
         if (rep.status != VMMT_OK) {
             fprintf(stderr, "consumer_child: buffer %u: %s\n", m.index, vmmt_last_error());
             bad++;

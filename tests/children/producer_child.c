@@ -5,6 +5,9 @@
  * landed (its ready flag set); buffer 2, published and landed, for a consume
  * after the death; buffer 3, whose copy and ready flag are queued behind a
  * stream wait that never opens. Then it waits (at most 60 s) to be killed.
+ * With a second argument "linger" it first forks a worker (no exec) that
+ * keeps every fd it inherited and sleeps until killed, as a worker forked by
+ * an engine would, and sends its pid as message 4 (in pad).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +75,17 @@ int main(int argc, char **argv)
         return 6;
     b.ptr = src + 2 * sizeof host;
     if (vmmt_publish(pool, &b, s, &desc) != VMMT_OK || send_desc(3, &desc) != 0) return 7;
+    if (argc > 2 && strcmp(argv[2], "linger") == 0) {
+        struct tu_msg m;
+        pid_t pid = fork();
+        if (pid == 0) alarm(120); /* never outlives a test that forgot it */
+        while (pid == 0)
+            pause();
+        memset(&m, 0, sizeof m);
+        m.index = 4;
+        m.pad = pid > 0 ? (uint32_t)pid : 0;
+        if (pid < 0 || write(3, &m, sizeof m) != (ssize_t)sizeof m) return 9;
+    }
     sleep(60);
     return 8;
 }

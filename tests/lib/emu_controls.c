@@ -56,6 +56,7 @@ EMU_COUNTER(vmmt__emu_live_contexts)
     }
 EMU_BYTES(vmmt__emu_device_bytes)
 EMU_BYTES(vmmt__emu_host_numa_bytes)
+EMU_BYTES(vmmt__emu_reserved_bytes)
 
 long vmmt__emu_calls(const char *entry)
 {

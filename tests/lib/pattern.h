@@ -27,9 +27,13 @@ static inline size_t tu_pattern_check(const uint8_t *p, size_t n, uint32_t buffe
 /* One message on the test's descriptor socket. */
 struct tu_msg {
     uint32_t index; /* UINT32_MAX: no more buffers */
-    uint32_t pad;
+    uint32_t pad;   /* what consumer_child does with it: 0 consume, else TU_MSG_* */
     uint8_t desc[512];
 };
+
+#define TU_MSG_KEEP    1u /* keep the descriptor unconsumed (a slow rank); status 1 */
+#define TU_MSG_LINGER  2u /* fork a worker that keeps what it inherited; its pid in first_bad */
+#define TU_MSG_RANK(r) (0x100u + (uint32_t)(r)) /* consume for rank r alone */
 
 /* The consumer's answer for one buffer. */
 struct tu_reply {

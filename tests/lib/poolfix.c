@@ -226,6 +226,15 @@ void spawn_consumer(int device, int first, int count, int *sock, pid_t *pid)
     *sock = sv[0];
 }
 
+void run_liveness_child(const char *mode, const char *arg)
+{
+    char *argv[] = {(char *)mode, (char *)arg, NULL};
+    pid_t pid = tu_spawn("liveness_child", argv, -1);
+
+    assert_true(pid > 0);
+    assert_int_equal(tu_wait(pid, 120000), 0);
+}
+
 void send_desc(int sock, uint32_t i, const vmmt_desc *d)
 {
     struct tu_msg m;

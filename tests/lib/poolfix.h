@@ -60,6 +60,9 @@ void sleep_ms(long ms);
  * checks it was VMMT_OK with every byte right.
  */
 void spawn_consumer(int device, int first, int count, int *sock, pid_t *pid);
+
+/* Run tests/children/liveness_child MODE ARG, which checks everything itself: it must exit 0. */
+void run_liveness_child(const char *mode, const char *arg);
 void send_desc(int sock, uint32_t i, const vmmt_desc *d);
 int read_reply(int sock, uint32_t i);
 void expect_reply(int sock, uint32_t i);

@@ -62,6 +62,15 @@ const char *tu_child_path(const char *name, char *buf, size_t cap);
  */
 pid_t tu_spawn(const char *name, char *const argv[], int extra_fd);
 
+/*
+ * Refuse pidfds to this process and the processes it starts from now on
+ * (seccomp, irrevocable): pidfd_open fails with EPERM, as under a container
+ * profile that does not know it, and with also_peerpidfd getsockopt
+ * SO_PEERPIDFD fails with ENOPROTOOPT, as before Linux 6.5. 0 on success,
+ * -1 with errno.
+ */
+int tu_refuse_pidfds(int also_peerpidfd);
+
 /* Wait for pid at most timeout_ms; returns its exit status, or -1 on a
  * signal or timeout (the child is killed then). */
 int tu_wait(pid_t pid, int timeout_ms);

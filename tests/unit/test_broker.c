@@ -1211,11 +1211,11 @@ struct deaths {
 };
 
 static void on_dead(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid, uid_t uid,
-                    int64_t held_ms)
+                    const uint64_t held[VMMT_BROKER_MAX_RANKS])
 {
     struct deaths *d = user;
     (void)uid;
-    (void)held_ms;
+    (void)held;
     pthread_mutex_lock(&d->lock);
     d->calls++;
     memcpy(d->ranks, ranks, sizeof d->ranks);

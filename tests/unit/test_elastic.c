@@ -249,6 +249,100 @@ static void test_elastic_consumer_lets_go_of_given_back_chunks(void **state)
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
+/*
+ * Caught (issue 16, defect 6): the producer's shutdown gives every chunk back
+ * whatever the consumers still do, and the consumer's next call on the pool
+ * unmapped the chunks under its own copy still queued out of them (on a GPU
+ * a fault of its context; the emulator fails the stream with
+ * CUDA_ERROR_ILLEGAL_ADDRESS). A chunk is unmapped only once no copy out of
+ * the pool is queued.
+ */
+static void test_elastic_no_unmap_under_queued_copy(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = elastic_config(16 * MiB, 1500);
+    vmmt_buffer b = bytes(f->src, 3 * MiB); /* chunks 0 and 1 */
+    vmmt_desc d;
+    struct gate g;
+    int mappings;
+
+    if (!on_emu()) skip(); /* the unmap would fault a GPU's context */
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    put(f, f->src, 3 * MiB, 5);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    gate_close(&g, f->stream); /* the copy out of the chunks stays queued */
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    mappings = vmmt__emu_live_mappings();
+    /* The shutdown waits for the producer's own copies only, then gives the chunks back. */
+    assert_vmmt_ok(vmmt_pool_shutdown(f->pool));
+    sleep_ms(60); /* past the consumer's trim interval (50 ms) */
+    /* Any call on the pool may let go of given-back chunks: not under the queued copy. */
+    (void)vmmt_consumer_ack(f->consumer, &d, 0, f->stream, VMMT_ALL_RANKS, 0);
+    assert_int_equal(vmmt__emu_live_mappings(), mappings - 2); /* the producer's two */
+    gate_open_later(&g, 20);
+    gate_free(&g); /* the stream must have run its copy out of mapped chunks */
+    expect(f, f->dst, 3 * MiB, 5);
+}
+
+/*
+ * Caught (issue 16, defect 18): a consumer reserved the whole maximum of
+ * every elastic pool it imported, whatever the pool held (1 TiB for one of
+ * at most 1 TiB), so 128 such imports exhausted the process's address space.
+ * The elastic imports of a process now reserve at most 16 TiB together:
+ * beyond, the least recently used idle one is let go, and where none is
+ * idle the import fails with VMMT_ENOMEM, saying so.
+ */
+static void test_elastic_imports_reserve_bounded(void **state)
+{
+    enum { N = 17 };
+    const uint64_t tib = 1ull << 40;
+    struct fixture *f = *state;
+    const struct vmmt_drv *d = vmmt__drv();
+    vmmt_pool_config c = elastic_config(tib, 1500);
+    vmmt_consumer_config cc;
+    vmmt_consumer *all;
+    vmmt_pool *pools[N];
+    vmmt_desc desc[N];
+    vmmt_buffer b = bytes(f->src, 4096);
+    unsigned long long produced;
+    struct gate g;
+
+    if (!on_emu()) skip();   /* the producers here reserve 17 TiB too */
+    c.chunk_size = 16 * MiB; /* 65536 chunks, the most a pool may have */
+    vmmt_consumer_config_init(&cc);
+    cc.max_pools = 0; /* no count limit: only the address space bounds the imports */
+    assert_vmmt_ok(vmmt_consumer_create(&cc, &all));
+    for (int i = 0; i < N; i++) {
+        assert_vmmt_ok(vmmt_pool_create(&c, &pools[i]));
+        assert_vmmt_ok(vmmt_publish(pools[i], &b, f->stream, &desc[i]));
+    }
+    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    produced = vmmt__emu_reserved_bytes();
+    gate_close(&g, f->stream); /* every copy stays queued: no import is idle */
+    for (int i = 0; i < N - 1; i++)
+        assert_vmmt_ok(
+            vmmt_consume(all, &desc[i], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_true(vmmt__emu_reserved_bytes() - produced == (N - 1) * tib);
+    /* One more would pass 16 TiB, and none can be let go. */
+    assert_int_equal(
+        vmmt_consume(all, &desc[N - 1], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+        VMMT_ENOMEM);
+    assert_error_contains("address space");
+    assert_true(vmmt__emu_reserved_bytes() - produced == (N - 1) * tib);
+    gate_open_later(&g, 20);
+    gate_free(&g);
+    /* The copies are done: the least recently used import makes room. */
+    assert_vmmt_ok(
+        vmmt_consume(all, &desc[N - 1], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_true(vmmt__emu_reserved_bytes() - produced == (N - 1) * tib);
+    assert_int_equal(vmmt_consumer_pool_count(all), N - 1);
+    assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    vmmt_consumer_destroy(all);
+    for (int i = 0; i < N; i++)
+        vmmt_pool_destroy(pools[i]);
+}
+
 /* The broker hands out resident chunks only, by their exact chunk id. */
 static void test_elastic_broker_serves_resident_chunks_only(void **state)
 {
@@ -371,6 +465,8 @@ int main(void)
         T(test_elastic_remade_chunk_across_processes),
         T(test_elastic_failed_growth),
         T(test_elastic_consumer_lets_go_of_given_back_chunks),
+        T(test_elastic_no_unmap_under_queued_copy),
+        T(test_elastic_imports_reserve_bounded),
         T(test_elastic_broker_serves_resident_chunks_only),
         T(test_elastic_descriptor_fields_checked),
         T(test_elastic_config_errors),

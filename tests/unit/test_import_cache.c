@@ -138,6 +138,78 @@ static void test_device_table_pool_evicted(void **state)
     vmmt_pool_destroy(second);
 }
 
+/*
+ * Caught (issue 16, defect 15): eviction ran only after a consume that
+ * succeeded, so consumes that failed once their pool was imported (stale
+ * descriptors here) left 8 pools imported with max_pools = 4 (32 in the
+ * report), each holding its mapping. Every import evicts now.
+ */
+static void test_eviction_after_failed_consumes(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_consumer_config cc;
+    vmmt_consumer *four;
+    vmmt_pool *pools[8];
+    vmmt_buffer b = bytes(f->src, 4096);
+
+    vmmt_consumer_config_init(&cc);
+    cc.max_pools = 4;
+    assert_vmmt_ok(vmmt_consumer_create(&cc, &four));
+    c.max_slices = 1;
+    for (int i = 0; i < 8; i++) {
+        vmmt_desc stale, d;
+        assert_vmmt_ok(vmmt_pool_create(&c, &pools[i]));
+        assert_vmmt_ok(vmmt_publish(pools[i], &b, f->stream, &stale));
+        assert_vmmt_ok(
+            vmmt_consume(f->consumer, &stale, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+        assert_vmmt_ok(vmmt_pool_drain(pools[i], 5000));
+        /* Its one slot has a new occupant: `four` imports the pool, then refuses `stale`. */
+        assert_vmmt_ok(vmmt_publish(pools[i], &b, f->stream, &d));
+        assert_int_equal(
+            vmmt_consume(four, &stale, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+            VMMT_ESTATE);
+        assert_true(vmmt_consumer_pool_count(four) <= 4);
+    }
+    vmmt_consumer_destroy(four);
+    for (int i = 0; i < 8; i++)
+        vmmt_pool_destroy(pools[i]); /* each with its second descriptor unconsumed */
+}
+
+static int wait_pool_count(vmmt_consumer *c, int want, int ms);
+
+/*
+ * Caught (issue 16, defect 15): a pool whose producer shut it down (the
+ * producer lives on) stayed imported, its memory pinned by the mapping,
+ * until max_pools evicted it. Its liveness link hangs up: it is let go once
+ * idle, and its descriptors fail with VMMT_ECLOSED.
+ */
+static void test_pool_let_go_after_producer_shutdown(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc d, late;
+    int allocations;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    put(f, f->src, 4096, 6);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &late));
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, 4096, 6);
+    assert_int_equal(vmmt_consumer_pool_count(f->consumer), 1);
+    allocations = on_emu() ? vmmt__emu_live_allocations() : 0;
+    assert_vmmt_ok(vmmt_pool_shutdown(f->pool));
+    assert_int_equal(wait_pool_count(f->consumer, 0, 20000), 0);
+    /* The producer's allocation, then this process's import of it: both gone. */
+    if (on_emu()) assert_true(vmmt__emu_live_allocations() <= allocations - 2);
+    assert_int_equal(
+        vmmt_consume(f->consumer, &late, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+        VMMT_ECLOSED);
+    assert_error_contains("shut its pool down");
+}
+
 /* ------------------------------------------------------ dead producers */
 
 struct producer {
@@ -235,6 +307,27 @@ static void test_dead_producer_host_table(void **state)
 static void test_dead_producer_device_table(void **state)
 {
     dead_producer(*state, 1);
+}
+
+/*
+ * Caught (issue 16, defect 14): with pidfds refused (pidfd_open by seccomp,
+ * no SO_PEERPIDFD before Linux 6.5) a consumer never noticed its producer's
+ * death although its liveness link had hung up: its stream stayed wedged,
+ * vmmt_consumer_check said OK for bytes that never arrived, and nothing was
+ * logged. The link's hang-up tells now, even where the producer forked a
+ * worker that keeps what it inherited. The consumer runs in a child: the
+ * filter cannot be lifted.
+ */
+static void test_dead_producer_without_pidfds_host_table(void **state)
+{
+    (void)state;
+    run_liveness_child("producer-dies", "0");
+}
+
+static void test_dead_producer_without_pidfds_device_table(void **state)
+{
+    (void)state;
+    run_liveness_child("producer-dies", "1");
 }
 
 /*
@@ -383,10 +476,14 @@ int main(void)
         T(test_no_eviction_under_queued_copy),
         T(test_failed_unmap_on_eviction_is_retried),
         T(test_device_table_pool_evicted),
+        T(test_eviction_after_failed_consumes),
+        T(test_pool_let_go_after_producer_shutdown),
         T(test_dead_producer_host_table),
         T(test_dead_producer_device_table),
         T(test_dead_producer_every_consumer_host_table),
         T(test_dead_producer_every_consumer_device_table),
+        T(test_dead_producer_without_pidfds_host_table),
+        T(test_dead_producer_without_pidfds_device_table),
         T(test_destroy_bounded_after_producer_death),
         T(test_dead_producer_null_stream),
         T(test_destroy_bounded_with_wedged_stream),

@@ -613,6 +613,28 @@ static void test_dead_consumer_device_table(void **state)
 }
 
 /*
+ * Caught (issue 16, defect 14): where pidfds are refused (seccomp), a consumer
+ * that forked a worker died holding slices, and they stayed in flight for
+ * good: the worker kept its liveness link open, so the broker, with no pidfd
+ * to watch, never saw the death; nor did anything say that liveness ran
+ * without pidfds. Now a forked child does not keep the library's liveness
+ * sockets, so the hang-up tells; the broker takes SO_PEERPIDFD where
+ * pidfd_open is refused; and running without pidfds is said once. The
+ * producer runs in a child: the filter cannot be lifted.
+ */
+static void test_dead_consumer_without_pidfd_open(void **state)
+{
+    (void)state;
+    run_liveness_child("consumer-dies", "open");
+}
+
+static void test_dead_consumer_without_pidfds(void **state)
+{
+    (void)state;
+    run_liveness_child("consumer-dies", "all");
+}
+
+/*
  * A rank that is slow but alive keeps its slices until it consumes them; one
  * that lets go of the pool and exits cleanly (a goodbye) is not dead either,
  * and only vmmt_pool_release_rank gives its slices back.
@@ -656,6 +678,48 @@ static void test_live_rank_not_robbed(void **state)
     /* Releasing again finds nothing to release. */
     assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 0));
     assert_int_equal(stats(f->pool).released_slices, 2);
+}
+
+/*
+ * Caught (issue 16, defect 7): a process that took a rank over after
+ * vmmt_pool_release_rank released it (an engine handing a dead rank to a
+ * live process) died, and that rank was never released: hold times were
+ * kept per link, and this link held rank 1 before the release of rank 0,
+ * so rank 0 counted as covered by that release. Its slice stayed in flight
+ * for good. Hold times are kept per rank now.
+ */
+static void test_rank_taken_over_after_release(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(16 * MiB, 2);
+    char *argv[] = {"0", "1", "1", NULL}; /* rank 1 */
+    vmmt_desc d[3];
+    int sock, status;
+    pid_t pid;
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    pid = spawn_paired("consumer_child", argv, &sock);
+    d[0] = publish(f, 8192, 0);
+    send_msg(sock, 0, &d[0], 0); /* the child's link holds rank 1 from here */
+    expect_status(sock, 0, VMMT_OK);
+    /* Rank 0's process died unseen; the engine releases the rank. */
+    assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 0));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    /* The child takes rank 0 over: buffer 1 consumed for it, buffer 2 kept. */
+    d[1] = publish(f, 8192, 1);
+    send_msg(sock, 1, &d[1], TU_MSG_RANK(0));
+    expect_status(sock, 1, VMMT_OK);
+    d[2] = publish(f, 8192, 2);
+    send_msg(sock, 2, &d[2], TU_MSG_KEEP);
+    expect_status(sock, 2, 1);
+    assert_int_equal(stats(f->pool).in_flight, 2);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    close(sock);
+    /* Both ranks were the dead process's alone: both slices go back (after buffer 0's). */
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).in_flight, 0);
+    assert_int_equal(stats(f->pool).released_slices, 1 + 2);
 }
 
 /*
@@ -752,7 +816,10 @@ int main(void)
         T(test_every_bound_reached),
         T(test_dead_consumer_host_table),
         T(test_dead_consumer_device_table),
+        T(test_dead_consumer_without_pidfd_open),
+        T(test_dead_consumer_without_pidfds),
         T(test_live_rank_not_robbed),
+        T(test_rank_taken_over_after_release),
         T(test_lease_backstop),
         T(test_release_rank_arguments),
     };

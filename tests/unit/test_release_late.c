@@ -19,6 +19,14 @@
 
 static const uint64_t rank0[VMMT_BROKER_RANK_WORDS] = {1};
 
+/* What a link that held rank 0 since `tick` reports at its death. */
+static void dead_rank0(vmmt_pool *p, uint64_t tick)
+{
+    uint64_t held[VMMT_BROKER_MAX_RANKS] = {tick};
+
+    vmmt__pool_ranks_dead(p, rank0, 12345, 0, held);
+}
+
 /* Long enough for the recycler (woken by the death) to have run. */
 static void settle(void)
 {
@@ -33,10 +41,10 @@ static void test_death_seen_after_release_rank(void **state)
     vmmt_pool_config c = config(4 * MiB, 1);
     vmmt_buffer b = bytes(f->src, 4096);
     vmmt_desc old, fresh;
-    int64_t held_ms;
+    uint64_t held;
 
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
-    held_ms = vmmt__now_ms(); /* the dead process's link took rank 0 */
+    held = vmmt__liveness_tick(); /* the dead process's link took rank 0 */
     put(f, f->src, 4096, 1);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &old));
     /* The process died unseen; the engine reaps it and releases its rank. */
@@ -45,7 +53,7 @@ static void test_death_seen_after_release_rank(void **state)
     /* The restarted process's descriptor, then the broker's late word of the death. */
     put(f, f->src, 4096, 2);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &fresh));
-    vmmt__pool_ranks_dead(f->pool, rank0, 12345, 0, held_ms);
+    dead_rank0(f->pool, held);
     settle();
     assert_int_equal(stats(f->pool).in_flight, 1);
     assert_vmmt_ok(
@@ -67,7 +75,7 @@ static void test_release_covers_what_was_in_flight(void **state)
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &old));
     /* Held by the pool's lock, so the recycler releases only after the next publish. */
     pthread_mutex_lock(&f->pool->reclaim_lock);
-    vmmt__pool_ranks_dead(f->pool, rank0, 12345, 0, vmmt__now_ms());
+    dead_rank0(f->pool, vmmt__liveness_tick());
     put(f, f->src, 4096, 2);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &fresh));
     pthread_mutex_unlock(&f->pool->reclaim_lock);
