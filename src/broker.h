@@ -75,7 +75,11 @@ struct vmmt__broker_config {
     void *resolve_user;
 };
 
-/* The id under which a broker with a resolver serves chunk `chunk` of pool_id. */
+/*
+ * The id under which a broker with a resolver serves chunk `chunk` of pool_id:
+ * bytes 12..15 XORed with chunk + 1 as a little-endian u32 (byte 12 with its
+ * low byte), so that chunk 0 differs from the pool id itself.
+ */
 static inline void vmmt__chunk_id(const uint8_t pool_id[16], uint32_t chunk, uint8_t out[16])
 {
     uint32_t tag = chunk + 1;

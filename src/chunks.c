@@ -174,6 +174,8 @@ static int map_chunk(struct vmmt__chunk_map *m, uint32_t k)
     uint8_t id[16];
     int fd = -1, st;
 
+    /* A chunk given back since its word was loaded is refused by the broker as an
+     * unknown id (VMMT_EINVAL, passed on): only a stale descriptor meets that. */
     vmmt__chunk_id(m->pool_id, k, id);
     st = vmmt__broker_fetch_fds(&m->broker, id, &m->producer, m->timeout_ms, &fd, 1, NULL);
     if (st == VMMT_OK) st = vmmt__import_posix_fd(fd, &m->handle[k]);
