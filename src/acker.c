@@ -16,7 +16,7 @@ struct pending {
     int device;
     uint32_t *words, count, gen;
     const uint32_t *ready; /* the slot's ready word: acknowledge only while it shows gen */
-    void (*done)(void *);
+    void (*done)(void *, int);
     void *arg;
 };
 
@@ -47,14 +47,17 @@ int vmmt__acker_create(struct vmmt__acker **out)
 
 static void write_words(struct pending *p)
 {
-    for (uint32_t i = 0; i < p->count; i++)
+    int acked = 1;
+
+    for (uint32_t i = 0; i < p->count && acked; i++)
         if (!vmmt__ctrl_store_ack(&p->words[i], p->ready, p->gen)) {
-            /* Cancelled and recycled meanwhile: no acknowledgement is owed. */
+            /* The occupant left while the copy ran (cancelled, or its rank released):
+             * no acknowledgement is owed, and the copy may have read a reused slice. */
             vmmt__log(VMMT_LOG_DEBUG,
                       "acknowledgement of generation %u not written: the slot moved on", p->gen);
-            break;
+            acked = 0;
         }
-    p->done(p->arg);
+    p->done(p->arg, acked);
 }
 
 /* Query an entry's event in its device's context: 1 done, 0 pending. */
@@ -164,8 +167,8 @@ static int start_thread(struct vmmt__acker *a)
 }
 
 int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32_t *words,
-                      uint32_t count, const uint32_t *ready, uint32_t gen, void (*done)(void *),
-                      void *arg)
+                      uint32_t count, const uint32_t *ready, uint32_t gen,
+                      void (*done)(void *, int), void *arg)
 {
     struct pending *p;
     CUresult r;

@@ -23,15 +23,17 @@ void vmmt__acker_destroy(struct vmmt__acker *a);
 
 /*
  * After the work already on `stream`, acknowledge `gen` in words[0..count)
- * (vmmt__ctrl_store_ack: only while `ready` shows gen) and call done(arg).
+ * (vmmt__ctrl_store_ack: only while `ready` shows gen) and call
+ * done(arg, acked): acked is 0 when the slot no longer showed gen, so that
+ * nothing (or not every word) was written.
  * Done at once when the stream is idle, else by the acker's thread. The
  * caller's context for `device` must be current. Every path writes (or finds
  * the slot moved on) before or after returning: a failure returned here is
  * about the copy or the event, never an acknowledgement left unwritten.
  */
 int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32_t *words,
-                      uint32_t count, const uint32_t *ready, uint32_t gen, void (*done)(void *),
-                      void *arg);
+                      uint32_t count, const uint32_t *ready, uint32_t gen,
+                      void (*done)(void *, int), void *arg);
 
 /* Write now, in the caller's thread, every acknowledgement whose event has completed. */
 void vmmt__acker_flush(struct vmmt__acker *a);

@@ -499,10 +499,32 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s, in
 }
 
 /* The acker saw a copy complete; the last access to ip (it may be let go right after). */
-static void deferred_ack_done(void *arg)
+static void deferred_ack_done(void *arg, int acked)
 {
     struct imported *ip = arg;
 
+    (void)acked;
+    __atomic_sub_fetch(&ip->copies, 1, __ATOMIC_RELEASE);
+}
+
+/*
+ * The same for a shared table's acknowledgement. Not written (acked 0): the
+ * occupant left while the copy ran, so the slice may have been reused under
+ * it; vmmt_consumer_check says so (docs/design.md, "Invariants", the case
+ * not covered).
+ */
+struct ack_note {
+    struct imported *pool;
+    uint32_t slot, gen;
+};
+
+static void shared_ack_done(void *arg, int acked)
+{
+    struct ack_note *n = arg;
+    struct imported *ip = n->pool;
+
+    if (!acked) vmmt__consumer_remember_failed(ip->owner, ip, n->slot, n->gen, 1);
+    free(n);
     __atomic_sub_fetch(&ip->copies, 1, __ATOMIC_RELEASE);
 }
 
@@ -548,9 +570,15 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
                 if (!vmmt__ctrl_store_ack(&first[r], ready, rq->d.generation)) break;
             return VMMT_OK;
         }
+        struct ack_note *note = malloc(sizeof *note);
+        if (note == NULL) {
+            *written = 0; /* nothing queued: the descriptor may be consumed again */
+            return vmmt__fail(VMMT_ENOMEM, "no host memory to track an acknowledgement");
+        }
+        *note = (struct ack_note){rq->pool, rq->d.slot, rq->d.generation};
         __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
         st = vmmt__acker_defer(c->acker, rq->pool->device, s, first, rq->count, ready,
-                               rq->d.generation, deferred_ack_done, rq->pool);
+                               rq->d.generation, shared_ack_done, note);
         return st;
     }
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {

@@ -81,6 +81,7 @@ struct imported {
 struct failed_desc {
     uint8_t pool_id[16];
     uint32_t slot, generation;
+    int overtaken; /* its occupant left while the copy ran; else its producer died first */
 };
 
 #define FAILED_KEPT 1024 /* failed descriptors remembered per consumer */
@@ -99,6 +100,8 @@ struct vmmt_consumer {
     struct imported *retired;
     uint64_t serials;
     struct vmmt__watch *watch; /* started with the first pool whose producer is known */
+    /* Own lock: the acknowledgement thread adds to it (consume.c) without the consumer's. */
+    pthread_mutex_t failed_lock;
     struct failed_desc failed[FAILED_KEPT];
     uint32_t failed_next, failed_count;
     uint8_t dead_ids[DEAD_KEPT][16];
@@ -147,5 +150,9 @@ void vmmt__cache_reap(struct vmmt_consumer *c);
 int vmmt__watch_add(struct vmmt_consumer *c, struct imported *ip);     /* lock held */
 void vmmt__watch_remove(struct vmmt_consumer *c, struct imported *ip); /* lock held */
 void vmmt__watch_stop(struct vmmt_consumer *c);                        /* lock not held */
+
+/* Remember a descriptor whose copy is not its buffer, for vmmt_consumer_check (any thread). */
+void vmmt__consumer_remember_failed(struct vmmt_consumer *c, const struct imported *ip,
+                                    uint32_t slot, uint32_t gen, int overtaken);
 
 #endif

@@ -59,6 +59,7 @@ int vmmt_consumer_create_size(const vmmt_consumer_config *config, size_t size, v
         return vmmt_last_status();
     }
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->failed_lock, NULL);
     *out = c;
     return VMMT_OK;
 }
@@ -596,6 +597,7 @@ void vmmt_consumer_destroy(vmmt_consumer *c)
                   "queued after %d ms); their slices stay held in the producer",
                   abandoned, c->cfg.timeout_ms);
     pthread_mutex_unlock(&c->lock);
+    pthread_mutex_destroy(&c->failed_lock);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }

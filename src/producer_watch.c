@@ -70,16 +70,26 @@ static int gone_now(const struct imported *ip)
     return (ip->pidfd >= 0 && pidfd_exited(ip->pidfd)) || vmmt__broker_link_peer_gone(ip->link);
 }
 
-static void remember_failed(struct vmmt_consumer *c, const struct imported *ip, uint32_t slot,
-                            uint32_t gen)
+void vmmt__consumer_remember_failed(struct vmmt_consumer *c, const struct imported *ip,
+                                    uint32_t slot, uint32_t gen, int overtaken)
 {
-    struct failed_desc *f = &c->failed[c->failed_next];
+    struct failed_desc *f;
 
+    pthread_mutex_lock(&c->failed_lock);
+    f = &c->failed[c->failed_next];
     memcpy(f->pool_id, ip->geometry.pool_id, 16);
     f->slot = slot;
     f->generation = gen;
+    f->overtaken = overtaken;
     c->failed_next = (c->failed_next + 1) % FAILED_KEPT;
     if (c->failed_count < FAILED_KEPT) c->failed_count++;
+    pthread_mutex_unlock(&c->failed_lock);
+}
+
+static void remember_failed(struct vmmt_consumer *c, const struct imported *ip, uint32_t slot,
+                            uint32_t gen)
+{
+    vmmt__consumer_remember_failed(c, ip, slot, gen, 0);
 }
 
 /* Ready words of a device table: read all at once, set the failed ones; on a stream of our own. */
@@ -320,7 +330,7 @@ void vmmt__watch_stop(struct vmmt_consumer *c)
 int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
 {
     struct vmmt__desc d;
-    int st, failed = 0, pid = 0;
+    int st, failed = 0, overtaken = 0, pid = 0;
 
     if (c == NULL || desc == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_check: consumer and descriptor are required");
@@ -334,13 +344,23 @@ int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
             ip->slots[d.slot].failed)
             failed = 1;
     }
+    pthread_mutex_lock(&c->failed_lock);
     for (uint32_t i = 0; i < c->failed_count && !failed; i++)
         if (memcmp(c->failed[i].pool_id, d.pool_id, 16) == 0 && c->failed[i].slot == d.slot &&
-            c->failed[i].generation == d.generation)
+            c->failed[i].generation == d.generation) {
             failed = 1;
+            overtaken = c->failed[i].overtaken;
+        }
+    pthread_mutex_unlock(&c->failed_lock);
     pid = d.producer_pid;
     pthread_mutex_unlock(&c->lock);
     if (!failed) return VMMT_OK;
+    if (overtaken)
+        return vmmt__fail(VMMT_EFAILED,
+                          "vmmt_consumer_check: descriptor (slot %u, generation %u) left its slot "
+                          "while this process's copy ran (the producer cancelled it, or released "
+                          "its rank): what was copied may be another buffer's: drop the request",
+                          d.slot, d.generation);
     return vmmt__fail(VMMT_EFAILED,
                       "vmmt_consumer_check: the producer (pid %d) exited before the bytes of "
                       "this descriptor (slot %u, generation %u) were ready; what was copied is "

@@ -10,7 +10,9 @@
  */
 #include <string.h>
 
+#include "ctrl.h"
 #include "emu.h"
+#include "pool_internal.h"
 #include "poolfix.h"
 
 /* One slot, so the second publish takes the first one's slot with a newer generation. */
@@ -57,6 +59,18 @@ static void late_ack(struct fixture *f, int device_table)
     assert_vmmt_ok(st);
 }
 
+/* Whether rank 0's acknowledgement word holds the descriptor's generation (emulator or not). */
+static int rank0_acked(vmmt_pool *pool, const vmmt_desc *d)
+{
+    struct vmmt_pool *p = pool;
+    vmmt_desc_info i;
+
+    assert_vmmt_ok(vmmt_desc_inspect(d, &i));
+    if (!p->host_table) return 1; /* a stream write: landed once the stream synchronized */
+    return vmmt__ctrl_load(p->table_host + vmmt__ctrl_ack(0, p->stride, i.slot, 0) / 4) ==
+           i.generation;
+}
+
 /*
  * The second way: the occupant is still the same, but the predecessor
  * acknowledged it for the rank already. The restarted process's own write
@@ -81,6 +95,10 @@ static void duplicate_ack(struct fixture *f, int device_table)
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &first));
     assert_vmmt_ok(vmmt_consume(f->consumer, &first, 0, f->dst, f->cap, f->stream, 0, 1));
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    /* A shared table's acknowledgement is the acker thread's store after the copy's event:
+     * wait until it is there, as the restarted process would find it. */
+    for (int i = 0; i < 5000 && !rank0_acked(f->pool, &first); i++)
+        sleep_ms(1);
 
     assert_vmmt_ok(vmmt_consumer_create(NULL, &restarted));
     writes = vmmt__emu_calls("cuStreamWriteValue32");
