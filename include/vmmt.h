@@ -596,7 +596,8 @@ typedef struct vmmt_consumer vmmt_consumer;
 
 /* Grows at its end only (see "Struct versions" at the top). */
 typedef struct vmmt_consumer_config {
-    int timeout_ms; /* broker fetch, and waits for a ready flag on the host; default 5000 */
+    int timeout_ms; /* broker fetch, and waits for a ready flag on the host; default (and 0)
+                       5000; negative is VMMT_EINVAL */
     /*
      * Imported pools kept at most; importing one more evicts the least
      * recently used idle pool: no copy out of it still queued (each copy is
@@ -606,7 +607,7 @@ typedef struct vmmt_consumer_config {
      * under a queued copy. A pool of a producer that restarted is thus let go
      * instead of holding its device memory forever; a pool whose producer
      * died, or shut the pool down, is let go once idle whatever the count.
-     * Default 16; 0: no limit.
+     * Default 16; 0: no limit; negative is VMMT_EINVAL.
      */
     int max_pools;
 } vmmt_consumer_config;

@@ -26,6 +26,9 @@ struct request {
     CUstream stream;
     uint32_t first, count; /* ranks */
     int ack_now;           /* this call completes the slot for these ranks */
+    int gone;              /* check_occupant found the occupant gone from its slot */
+    uint32_t queued;       /* ranks from `first` whose acknowledgement write_acks queued */
+    uint64_t skip[VMMT__MAX_CONSUMERS / 64]; /* the slot's ranks_queued, as claim found it */
 };
 
 /* A device table's row as check_occupant reads it: the ready word, then one word per rank. */
@@ -74,9 +77,26 @@ static int fail_twice(const struct request *rq)
 static struct pack_group *group_for(struct slot_state *s, const struct request *rq)
 {
     struct pack_group *free_group = NULL;
+    uint64_t bit = 1ull << rq->d.pack_index;
 
     for (int i = 0; i < PACK_GROUPS; i++) {
         struct pack_group *g = &s->groups[i];
+        /* Another range that shares a rank: the group's one acknowledgement
+         * is per range, so mixing ranges would copy a member twice for a rank
+         * or leave the group for ever partly consumed. */
+        if (g->members != 0 && (g->first != rq->first || g->count != rq->count) &&
+            rq->first < g->first + g->count && g->first < rq->first + rq->count) {
+            if (g->members & bit) {
+                fail_twice(rq);
+                return NULL;
+            }
+            vmmt__fail(VMMT_EINVAL,
+                       "members of packed slot %u are being consumed for ranks [%u, %u); "
+                       "consume every member of a packed group for the same ranks (asked "
+                       "[%u, %u))",
+                       rq->d.slot, g->first, g->first + g->count, rq->first, rq->first + rq->count);
+            return NULL;
+        }
         if (g->members != 0 && g->first == rq->first && g->count == rq->count) {
             if (g->stream != rq->stream) {
                 vmmt__fail(VMMT_EINVAL,
@@ -108,6 +128,21 @@ static struct pack_group *group_for(struct slot_state *s, const struct request *
 }
 
 /*
+ * The occupant this process has a record of left its slot: a packed group of
+ * it half consumed here will never complete, and must not keep the pool from
+ * being evicted. Consumer lock held.
+ */
+static void forget(struct request *rq)
+{
+    struct slot_state *s = &rq->pool->slots[rq->d.slot];
+
+    if (s->generation != rq->d.generation) return;
+    for (int i = 0; i < PACK_GROUPS; i++)
+        if (s->groups[i].members != 0) rq->pool->open_groups--;
+    memset(s, 0, sizeof *s);
+}
+
+/*
  * Record the consume in this process's slot state, refusing a descriptor
  * consumed before (check_occupant, just before, refused one whose slot has
  * moved on); consumer lock held.
@@ -127,6 +162,7 @@ static int claim(struct request *rq)
         memset(s, 0, sizeof *s);
         s->generation = rq->d.generation;
     }
+    memcpy(rq->skip, s->ranks_queued, sizeof rq->skip);
     if (rq->d.pack_count <= 1) {
         if (ranks_overlap(s, rq->first, rq->count)) return fail_twice(rq);
         mark_acked(s, rq->first, rq->count);
@@ -160,6 +196,8 @@ static void unclaim(vmmt_consumer *c, const struct request *rq)
 
     pthread_mutex_lock(&c->lock);
     if (s->generation != rq->d.generation) goto out; /* a newer occupant took the state */
+    for (uint32_t r = rq->first; r < rq->first + rq->queued; r++)
+        s->ranks_queued[r / 64] |= 1ull << (r % 64);
     if (rq->ack_now)
         for (uint32_t r = rq->first; r < rq->first + rq->count; r++)
             s->ranks_acked[r / 64] &= ~(1ull << (r % 64));
@@ -219,31 +257,33 @@ static int not_coming(const struct request *rq, uint32_t v)
  *   stream-ordered descriptor (its wait then orders the copy); RETIRED or
  *   any other word means the slice may hold another buffer's bytes
  *   (VMMT_ESTATE), ABANDONED that the producer died first (VMMT_ECLOSED);
- * - the slot's previous occupant retired means the descriptor was never
- *   handed out (PENDING lands before a publish returns, publish.c): one
- *   ahead of its slot is refused at once, so it can neither wait for the
- *   next occupant's bytes nor acknowledge them;
+ * - a word of no state of this generation means the descriptor was never
+ *   handed out (PENDING lands before a publish returns, publish.c) or was
+ *   moved to another slot (generations are pool-wide): one ahead of its
+ *   slot is refused at once, so it can neither wait for the next occupant's
+ *   bytes nor acknowledge them;
  * - no rank asked for may hold the generation in its acknowledgement word:
  *   that rank has consumed the occupant, in this process or another.
  *
  * A device table costs a read through the pool's stream (about 10 us on the
- * H200); only a packed member of an occupant this process has already seen
- * skips it. Consumer lock held.
+ * H200) for every call: a packed member of an occupant this process has
+ * read before is no exception, since the group may have left the slot since
+ * (cancelled, or completed by another process of the rank), its slice holding
+ * another buffer (tests/unit/test_attack_occupancy.c). Consumer lock held.
  */
 static int check_occupant(vmmt_consumer *c, struct request *rq)
 {
-    const struct slot_state *s = &rq->pool->slots[rq->d.slot];
     uint32_t gen = rq->d.generation, ready = 0, acked = UINT32_MAX;
     int stream_ordered = (rq->d.flags & VMMT__DESC_STREAM_ORDERED) != 0;
     enum vmmt__occupant occ;
     int st;
 
-    if (!rq->pool->host_table && s->generation == gen) return VMMT_OK;
     st = load_row(c, rq, &ready, &acked);
     occ = vmmt__occupant_of(ready, gen);
     if (st != VMMT_OK)
         return vmmt__wrap(st, "reading the control table row of slot %u to check generation %u",
                           rq->d.slot, gen);
+    rq->gone = occ != VMMT__OCC_READY && occ != VMMT__OCC_COPYING;
     if (occ == VMMT__OCC_ABANDONED) return not_coming(rq, ready);
     if (occ != VMMT__OCC_READY && !(occ == VMMT__OCC_COPYING && stream_ordered))
         return vmmt__fail(VMMT_ESTATE,
@@ -293,7 +333,10 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
         if (copy) st = vmmt__chunk_map_ensure(rq->pool->chunks, words, &rq->d);
         if (st == VMMT_OK) st = vmmt__chunk_map_trim(rq->pool->chunks, words);
     }
-    if (st == VMMT_OK) st = check_occupant(c, rq);
+    if (st == VMMT_OK) {
+        st = check_occupant(c, rq);
+        if (st != VMMT_OK && rq->gone) forget(rq);
+    }
     if (st == VMMT_OK) st = claim(rq);
     /* Before any copy or acknowledgement: should we die from here on, the producer knows
      * which ranks to release. Liveness is best effort; the consume does not depend on it. */
@@ -368,6 +411,14 @@ static int open_poll(struct imported *ip)
     return st;
 }
 
+/* Whether this process queued rank r's acknowledgement of the occupant in a call that failed. */
+static int queued_here(const struct request *rq, uint32_t r)
+{
+    const struct slot_state *s = &rq->pool->slots[rq->d.slot];
+
+    return s->generation == rq->d.generation && (s->ranks_queued[r / 64] & (1ull << (r % 64)));
+}
+
 /*
  * The descriptor's ready word and the first of its ranks whose
  * acknowledgement word holds the generation (UINT32_MAX if none): loads from
@@ -388,7 +439,7 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
         w = ip->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4;
         *ready = vmmt__ctrl_load(&w[0]);
         for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++)
-            if (vmmt__ctrl_load(&w[1 + r]) == rq->d.generation) *acked = r;
+            if (vmmt__ctrl_load(&w[1 + r]) == rq->d.generation && !queued_here(rq, r)) *acked = r;
         return VMMT_OK;
     }
     vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
@@ -398,7 +449,7 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
     if (st == VMMT_OK) {
         *ready = ip->poll_word[0];
         for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++)
-            if (ip->poll_word[1 + r] == rq->d.generation) *acked = r;
+            if (ip->poll_word[1 + r] == rq->d.generation && !queued_here(rq, r)) *acked = r;
     }
     pthread_mutex_unlock(&ip->poll_lock);
     return st;
@@ -549,7 +600,7 @@ static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
  * CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER with CUDA_ERROR_INVALID_VALUE,
  * tests/gpu/RESULTS.md, 2026-11-29.)
  */
-static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, int after_copy,
+static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int after_copy,
                       int *written)
 {
     const struct vmmt_drv *d = vmmt__drv();
@@ -581,10 +632,11 @@ static int write_acks(vmmt_consumer *c, const struct request *rq, CUstream s, in
                                rq->d.generation, shared_ack_done, note);
         return st;
     }
-    for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
-        CUresult res =
-            d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
-                                    rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
+    for (uint32_t r = rq->first; r < rq->first + rq->count; r++, rq->queued++) {
+        CUresult res;
+        if (rq->skip[r / 64] & (1ull << (r % 64))) continue; /* queued by an earlier try */
+        res = d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
+                                      rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
         if (res != CUDA_SUCCESS) {
             st = vmmt__cu_fail(res, "cuStreamWriteValue32(acknowledgement of rank %u)", r);
             /* Whatever is queued still reads the pool. */

@@ -37,6 +37,10 @@ struct slot_state {
      * this process copied out of the slot is not the producer's buffer. */
     int failed;
     uint64_t ranks_acked[VMMT__MAX_CONSUMERS / 64];
+    /* Ranks whose acknowledgement of this occupant a failed call of this
+     * process queued before its next write failed (a device table): they
+     * land, so a retry skips them, and finding them set is no double consume. */
+    uint64_t ranks_queued[VMMT__MAX_CONSUMERS / 64];
     struct pack_group groups[PACK_GROUPS];
 };
 

@@ -18,11 +18,14 @@
  *     G + 1   RETIRED    G left: recycled, cancelled, or released for dead ranks
  *     G + 2   ABANDONED  G's producer died before G's bytes landed (a consumer wrote it)
  *
- * Generations are therefore 4k + 1 for a slot counter k of 1 .. 2^30 - 1,
- * stepping by 4 and wrapping to the first one; a zeroed table (word 0)
- * names no occupant. The four words of G sort above the previous occupant's
- * and below the next one's, so a stream wait for "word >= G" (the driver's
- * wrap-aware GEQ) passes once G is live and never for a predecessor.
+ * Generations are therefore 4k + 1 for k of 1 .. 2^30 - 1, drawn from one
+ * counter per pool (stepping by 4, wrapping to the first one), so that a
+ * generation names one occupant of the whole pool: a descriptor whose slot
+ * field was changed finds another generation in that slot's word. A zeroed
+ * table (word 0) names no occupant. The four words of G sort above any
+ * earlier occupant's of the slot and below any later one's, so a stream
+ * wait for "word >= G" (the driver's wrap-aware GEQ) passes once G is live
+ * and never for a predecessor.
  *
  * The producer moves the word forwards only: PENDING (a CPU store for a
  * shared table, a stream write ahead of the copy for a device table), LIVE
@@ -63,11 +66,8 @@ static inline uint32_t vmmt__gen_abandoned(uint32_t g)
 enum vmmt__occupant {
     VMMT__OCC_READY,     /* LIVE: the named occupant is there, its bytes landed */
     VMMT__OCC_COPYING,   /* PENDING: the named occupant's copy may still run */
-    VMMT__OCC_BEFORE,    /* the slot's previous occupant retired, or none ever came: a
-                          * device table whose PENDING write is still queued on the
-                          * producer's stream, or a descriptor not handed out yet */
     VMMT__OCC_ABANDONED, /* the producer died before the bytes landed */
-    VMMT__OCC_GONE       /* anything else: retired, or never this pool's */
+    VMMT__OCC_GONE       /* anything else: retired, another occupant's, or not handed out */
 };
 
 static inline enum vmmt__occupant vmmt__occupant_of(uint32_t ready, uint32_t gen)
@@ -76,9 +76,6 @@ static inline enum vmmt__occupant vmmt__occupant_of(uint32_t ready, uint32_t gen
     if (ready == gen) return VMMT__OCC_READY;
     if (ready == vmmt__gen_pending(gen)) return VMMT__OCC_COPYING;
     if (ready == vmmt__gen_abandoned(gen)) return VMMT__OCC_ABANDONED;
-    if (gen == VMMT__GEN_FIRST ? ready == 0 || ready == vmmt__gen_retired(VMMT__GEN_LAST)
-                               : ready == vmmt__gen_retired(gen - 4))
-        return VMMT__OCC_BEFORE;
     return VMMT__OCC_GONE;
 }
 

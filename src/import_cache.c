@@ -49,11 +49,16 @@ int vmmt_consumer_create_size(const vmmt_consumer_config *config, size_t size, v
     if (config != NULL && vmmt__struct_in(&cfg, sizeof cfg, config, size, CONSUMER_CONFIG_V1,
                                           "vmmt_consumer_create: config") != VMMT_OK)
         return vmmt_last_status();
+    if (cfg.timeout_ms < 0 || cfg.max_pools < 0)
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_consumer_create: %s=%d is negative; use a positive value, or 0 "
+                          "for the default (timeout_ms 5000) or no limit (max_pools)",
+                          cfg.timeout_ms < 0 ? "timeout_ms" : "max_pools",
+                          cfg.timeout_ms < 0 ? cfg.timeout_ms : cfg.max_pools);
     c = calloc(1, sizeof *c);
     if (c == NULL) return vmmt__fail(VMMT_ENOMEM, "vmmt_consumer_create: no host memory");
     c->cfg = cfg;
-    if (c->cfg.timeout_ms <= 0) c->cfg.timeout_ms = 5000;
-    if (c->cfg.max_pools < 0) c->cfg.max_pools = 0;
+    if (c->cfg.timeout_ms == 0) c->cfg.timeout_ms = 5000;
     if (vmmt__acker_create(&c->acker) != VMMT_OK) {
         free(c);
         return vmmt_last_status();

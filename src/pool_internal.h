@@ -33,8 +33,7 @@ enum slot_state {
 
 struct vmmt__slot {
     uint32_t generation;
-    /* The generation before this occupant's: VMMT__GEN_LAST means the
-     * counter wrapped, and old acknowledgement words must be zeroed. */
+    /* The slot's previous occupant's generation (0: none), to tell a wrap. */
     uint32_t prev_generation;
     uint8_t state;
     uint64_t slice_offset; /* relative to the data region, as the slab sees it */
@@ -47,6 +46,12 @@ struct vmmt__slot {
     uint32_t dead_gen;
     uint64_t dead_ranks[VMMT_BROKER_RANK_WORDS];
 };
+
+/* The pool's counter wrapped since the slot's previous occupant (its generation is not later). */
+static inline int vmmt__slot_wrapped(const struct vmmt__slot *s)
+{
+    return s->prev_generation != 0 && s->generation <= s->prev_generation;
+}
 
 struct vmmt_pool {
     vmmt_pool_config cfg; /* broker_path and allowed_uids point into this object */
@@ -69,7 +74,8 @@ struct vmmt_pool {
     CUdeviceptr ctrl_dev; /* the table as streams address it */
     struct vmmt__slab *slab;
     struct vmmt__slot *slot;
-    uint32_t *free_slots; /* stack of free slot numbers */
+    uint32_t *free_slots;     /* stack of free slot numbers */
+    uint32_t last_generation; /* the pool's one generation counter (generation.h); lock held */
     uint32_t free_count;
 
     pthread_mutex_t lock;   /* slots, slab, counters, state below */

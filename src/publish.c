@@ -74,13 +74,17 @@ static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
         return st;
     }
     *slot = p->free_slots[--p->free_count];
+    /* One counter for the pool: a generation names one occupant of the whole
+     * pool, so a descriptor whose slot field was changed names nobody there. */
+    p->last_generation = vmmt__next_generation(p->last_generation);
     p->slot[*slot].prev_generation = p->slot[*slot].generation;
-    p->slot[*slot].generation = vmmt__next_generation(p->slot[*slot].generation);
-    /* Once per 2^30 - 1 occupants: acknowledgement words left from the last
-     * cycle could hold this very generation; zero (never a generation) them
-     * before the slice is handed out, so only this occupant's count. A device
-     * table is zeroed on the publishing stream (vmmt__publish_clear_acks). */
-    if (p->slot[*slot].prev_generation == VMMT__GEN_LAST && p->host_table) {
+    p->slot[*slot].generation = p->last_generation;
+    /* Once the counter has wrapped since the slot's last occupant:
+     * acknowledgement words left from before could hold this very generation;
+     * zero (never a generation) them before the slice is handed out, so only
+     * this occupant's count. A device table is zeroed on the publishing
+     * stream (vmmt__publish_clear_acks). */
+    if (vmmt__slot_wrapped(&p->slot[*slot]) && p->host_table) {
         uint32_t *ack = p->table_host + vmmt__ctrl_ack(0, p->stride, *slot, 0) / 4;
         for (int i = 0; i < p->cfg.consumer_count; i++)
             __atomic_store_n(&ack[i], 0, __ATOMIC_RELEASE);
@@ -211,7 +215,7 @@ int vmmt__publish_clear_acks(struct vmmt_pool *p, uint32_t slot, CUstream s)
 {
     CUresult r;
 
-    if (p->host_table || p->slot[slot].prev_generation != VMMT__GEN_LAST) return VMMT_OK;
+    if (p->host_table || !vmmt__slot_wrapped(&p->slot[slot])) return VMMT_OK;
     r = vmmt__drv()->cuMemsetD8Async(vmmt__ctrl_ack(p->ctrl_dev, p->stride, slot, 0), 0,
                                      4 * (size_t)p->cfg.consumer_count, s);
     if (r != CUDA_SUCCESS)
@@ -226,8 +230,8 @@ int vmmt__publish_clear_acks(struct vmmt_pool *p, uint32_t slot, CUstream s)
  * shared table; a device table's word is written and synchronized on the
  * pool's own stream (about 10 us), not queued on s, where it could wait
  * behind the caller's kernels while a consumer already holds the
- * descriptor. So a consumer that finds the slot's previous occupant retired
- * knows the descriptor was never handed out, and refuses it at once.
+ * descriptor. So a consumer that finds another occupant's word knows the
+ * descriptor was never handed out, and refuses it at once.
  */
 int vmmt__publish_pending(struct vmmt_pool *p, uint32_t slot)
 {

@@ -161,7 +161,8 @@ static void test_host_producer_process_without_context(void **state)
     assert_int_equal(tu_wait(pid, 30000), 0);
     close(sv[0]);
     /* The producer is gone: its pool is let go here too, once idle (producer_watch.c). */
-    for (int i = 0; i < 200 && vmmt_consumer_pool_count(f->consumer) != 0; i++) usleep(10000);
+    for (int i = 0; i < 200 && vmmt_consumer_pool_count(f->consumer) != 0; i++)
+        usleep(10000);
     assert_int_equal(vmmt_consumer_pool_count(f->consumer), 0);
 }
 
