@@ -519,12 +519,16 @@ class Pool:
         """Every field of vmmt_pool_stats, as a dict."""
         return self._pool.stats()
 
-    def close(self):
+    def close(self, timeout_ms=None):
         """Wait for copies, give sources back, shut the pool down (idempotent).
 
-        Raises Timeout when copies are still queued after timeout_ms; the
-        pool takes no new calls, and close() again finishes the shutdown."""
-        self._pool.close()
+        timeout_ms (default: the pool's) bounds the whole close. Raises
+        Timeout when copies are still queued then; the pool takes no new
+        calls, and close() again finishes the shutdown."""
+        if timeout_ms is None:
+            self._pool.close()
+        else:
+            self._pool.close(timeout_ms)
 
     @property
     def closed(self):
