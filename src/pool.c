@@ -594,15 +594,15 @@ void vmmt__pool_quarantine(struct vmmt_pool *p)
     vmmt__log(VMMT_LOG_ERROR, "pool quarantined: %s", vmmt_last_error());
 }
 
-/* Wait for calls inside the pool to return; lock held. */
-static int wait_callers(struct vmmt_pool *p, const struct timespec *until)
+/* Wait for calls inside the pool to return; lock held. timeout_ms: until's, for the message. */
+static int wait_callers(struct vmmt_pool *p, const struct timespec *until, int timeout_ms)
 {
     while (p->active > 0)
         if (pthread_cond_timedwait(&p->changed, &p->lock, until) != 0 && p->active > 0)
             return vmmt__fail(VMMT_ETIMEDOUT,
                               "shutdown waited %d ms for %d call(s) still inside the pool; call "
                               "vmmt_pool_shutdown again once they return",
-                              p->cfg.timeout_ms, p->active);
+                              timeout_ms, p->active);
     return VMMT_OK;
 }
 
@@ -626,7 +626,7 @@ static int copies_landed(const struct vmmt_pool *p)
  * cannot be known, and the memory stays mapped until a later shutdown can
  * tell.
  */
-static int wait_copies(struct vmmt_pool *p, const struct timespec *until)
+static int wait_copies(struct vmmt_pool *p, const struct timespec *until, int timeout_ms)
 {
     struct timespec pause = {0, 50000};
     int st;
@@ -649,7 +649,7 @@ static int wait_copies(struct vmmt_pool *p, const struct timespec *until)
                               "shutdown waited %d ms for publish copies still queued on the "
                               "callers' streams; synchronize those streams and call "
                               "vmmt_pool_shutdown again",
-                              p->cfg.timeout_ms);
+                              timeout_ms);
         nanosleep(&pause, NULL);
     }
 }
@@ -657,10 +657,16 @@ static int wait_copies(struct vmmt_pool *p, const struct timespec *until)
 int vmmt_pool_shutdown(vmmt_pool *p)
 {
     struct timespec until;
-    int st;
 
     if (p == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_pool_shutdown: pool is NULL");
     vmmt__deadline(&until, (int64_t)p->cfg.timeout_ms * 1000);
+    return vmmt__pool_shutdown_until(p, &until, p->cfg.timeout_ms);
+}
+
+int vmmt__pool_shutdown_until(struct vmmt_pool *p, const struct timespec *until, int timeout_ms)
+{
+    int st;
+
     pthread_mutex_lock(&p->lock);
     while (p->shutting_down && !p->closed)
         pthread_cond_wait(&p->changed, &p->lock);
@@ -671,11 +677,11 @@ int vmmt_pool_shutdown(vmmt_pool *p)
     p->shutting_down = 1;
     p->closing = 1;
     pthread_cond_broadcast(&p->wake);
-    st = wait_callers(p, &until);
+    st = wait_callers(p, until, timeout_ms);
     pthread_mutex_unlock(&p->lock);
     if (st == VMMT_OK) {
         vmmt__recycler_stop(p);
-        st = wait_copies(p, &until);
+        st = wait_copies(p, until, timeout_ms);
     }
     if (st == VMMT_OK) release_all(p);
     pthread_mutex_lock(&p->lock);

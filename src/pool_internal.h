@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "broker.h"
 #include "ctrl.h"
@@ -137,6 +138,14 @@ void vmmt__pool_leave(struct vmmt_pool *p);
 
 /* Record an uncertain failure: every later call returns VMMT_EFAILED with it. */
 void vmmt__pool_quarantine(struct vmmt_pool *p);
+
+/*
+ * vmmt_pool_shutdown bounded by a deadline of the caller's (CLOCK_MONOTONIC,
+ * clock.h) instead of timeout_ms from now: a caller that waited for other
+ * things first (the Python binding's kept sources) keeps one bound for the
+ * whole close. timeout_ms is the bound the messages name.
+ */
+int vmmt__pool_shutdown_until(struct vmmt_pool *p, const struct timespec *until, int timeout_ms);
 
 /* Recycler (recycle.c). */
 int vmmt__recycler_start(struct vmmt_pool *p);

@@ -317,31 +317,10 @@ static PyObject *py_mem_copy(PyObject *self, PyObject *args)
 }
 
 /*
- * host_memoryview(ptr, nbytes) -> writable memoryview of host memory (a host
- * pool's reservation, or the emulator's device memory). It does not keep the
- * memory alive: the package hands it out only for a reservation, valid until
- * commit, cancel or close.
+ * _slice_view(keeper, device, ptr, nbytes, host_view) -> Buffer over memory
+ * keeper holds: a reservation's slice, keeper the object whose life tells
+ * the reservation that a view is still alive (vmmt.Reservation._views_anchor).
  */
-/* PyBUF_WRITE's value, fixed by the stable ABI; the limited API names it from 3.11 on. */
-#ifndef PyBUF_WRITE
-#define PyBUF_WRITE 0x200
-#endif
-
-static PyObject *py_host_memoryview(PyObject *self, PyObject *args)
-{
-    unsigned long long ptr;
-    Py_ssize_t n;
-
-    (void)self;
-    if (!PyArg_ParseTuple(args, "Kn", &ptr, &n)) return NULL;
-    if (ptr == 0 || n < 0) {
-        PyErr_SetString(PyExc_ValueError, "host_memoryview: no memory");
-        return NULL;
-    }
-    return PyMemoryView_FromMemory((char *)(uintptr_t)ptr, n, PyBUF_WRITE);
-}
-
-/* _slice_view(keeper, device, ptr, nbytes, host_view) -> Buffer over memory keeper holds. */
 static PyObject *py_slice_view(PyObject *self, PyObject *args)
 {
     PyObject *keeper;
@@ -387,8 +366,6 @@ static PyMethodDef methods[] = {
     {"mem_copy", py_mem_copy, METH_VARARGS, "mem_copy(device, dst, src, nbytes, stream=0)."},
     {"_slice_view", py_slice_view, METH_VARARGS,
      "Private: a DLPack exporter over a reservation's slice."},
-    {"host_memoryview", py_host_memoryview, METH_VARARGS,
-     "host_memoryview(ptr, nbytes) -> writable memoryview (reservations only)."},
     {"stream_synchronize", py_stream_synchronize, METH_VARARGS,
      "stream_synchronize(device, stream=0)."},
     {"_set_descriptor_type", py_set_descriptor_type, METH_O,

@@ -11,6 +11,7 @@
 
 #include "pool_keep.h"
 
+#include "clock.h"
 #include "desc.h"
 #include "driver.h"
 #include "pool_internal.h"
@@ -155,7 +156,7 @@ static int count_arg(PyObject *seq, Py_ssize_t *n)
 
 static int prepare(PoolObject *self, Py_ssize_t n, struct keep **k, vmmt_buffer **bufs)
 {
-    if (vmmtpy_kept_retire(&self->kept, 0) != VMMT_OK) {
+    if (vmmtpy_kept_retire(&self->kept, NULL, 0) != VMMT_OK) {
         vmmtpy_raise(vmmt_last_status());
         return -1;
     }
@@ -414,7 +415,7 @@ static PyObject *pool_reclaim(PoolObject *self, PyObject *unused)
 
     (void)unused;
     if (check_open(self) != 0) return NULL;
-    vmmtpy_kept_retire(&self->kept, 0);
+    vmmtpy_kept_retire(&self->kept, NULL, 0);
     {
         vmmt_pool *pool = self->pool;
         Py_BEGIN_ALLOW_THREADS;
@@ -438,8 +439,12 @@ static PyObject *pool_drain(PoolObject *self, PyObject *args)
         Py_END_ALLOW_THREADS;
     }
     if (st != VMMT_OK) return vmmtpy_raise(st);
-    /* Drained: every copy is done, so every source can go. */
-    vmmtpy_kept_retire(&self->kept, 1);
+    /* Drained: every copy is done, so every source can go (the wait ends at once). */
+    {
+        struct timespec until;
+        vmmt__deadline(&until, (int64_t)timeout_ms * 1000);
+        vmmtpy_kept_retire(&self->kept, &until, timeout_ms);
+    }
     Py_RETURN_NONE;
 }
 
@@ -463,31 +468,37 @@ static PyObject *pool_pending(PoolObject *self, PyObject *unused)
     return PyLong_FromSsize_t(self->kept.count);
 }
 
-/* Shut the pool down: every copy done, sources given back, device memory freed. */
 /*
  * Shut the pool down: every copy done, sources given back, device memory
- * released. The handle itself is freed only in dealloc: another thread may
- * still be inside a call that read it before close (the library answers it
- * with VMMT_ECLOSED), and dealloc cannot run while any call holds the object.
+ * released, all within timeout_ms: one deadline for the kept sources' proofs
+ * and the shutdown after them, however many sources wait. The handle itself
+ * is freed only in dealloc: another thread may still be inside a call that
+ * read it before close (the library answers it with VMMT_ECLOSED), and
+ * dealloc cannot run while any call holds the object.
  */
-static int close_pool(PoolObject *self)
+static int close_pool(PoolObject *self, int timeout_ms)
 {
     vmmt_pool *pool = self->pool;
+    struct timespec until;
     int st = VMMT_OK;
 
     if (pool == NULL || self->shut_down) return VMMT_OK;
+    vmmt__deadline(&until, (int64_t)timeout_ms * 1000);
     /*
      * A shutdown that failed (copies still queued past timeout_ms) said to
-     * call it again: a later close() does, and no table is read then.
+     * call it again: a later close() does, and no table is read then. The
+     * retire's status is not the answer: the shutdown after it, even past
+     * the deadline, looks at the copies once more and frees the pool if
+     * they have landed meanwhile.
      */
     if (!self->closed) {
         self->closed = 1;
-        vmmtpy_kept_retire(&self->kept, 1);
+        vmmtpy_kept_retire(&self->kept, &until, timeout_ms);
         vmmtpy_kept_release_events(&self->kept);
         vmmtpy_kept_shut(&self->kept);
     }
     Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_pool_shutdown(pool);
+    st = vmmt__pool_shutdown_until(pool, &until, timeout_ms);
     Py_END_ALLOW_THREADS;
     if (st == VMMT_OK && !self->shut_down) {
         self->shut_down = 1;
@@ -496,12 +507,18 @@ static int close_pool(PoolObject *self)
     return st;
 }
 
-static PyObject *pool_close(PoolObject *self, PyObject *unused)
+/* close(timeout_ms=the pool's) */
+static PyObject *pool_close(PoolObject *self, PyObject *args)
 {
-    int st;
+    int timeout_ms = self->pool != NULL ? self->pool->cfg.timeout_ms : 0, st;
 
-    (void)unused;
-    st = close_pool(self);
+    if (!PyArg_ParseTuple(args, "|i", &timeout_ms)) return NULL;
+    if (timeout_ms < 0) {
+        PyErr_Format(PyExc_ValueError, "close(timeout_ms=%d): give 0 or more milliseconds",
+                     timeout_ms);
+        return NULL;
+    }
+    st = close_pool(self, timeout_ms);
     if (st != VMMT_OK) return vmmtpy_raise(st);
     Py_RETURN_NONE;
 }
@@ -523,8 +540,14 @@ static void pool_dealloc(PoolObject *self)
     PyTypeObject *tp = Py_TYPE(self);
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
 
-    if (close_pool(self) != VMMT_OK) PyErr_Clear();
-    vmmtpy_kept_retire(&self->kept, 1); /* publishes that finished on other threads after close */
+    if (close_pool(self, self->pool != NULL ? self->pool->cfg.timeout_ms : 0) != VMMT_OK)
+        PyErr_Clear();
+    /*
+     * What a close that timed out kept and is proven done since goes; the
+     * rest stays alive for good (vmmt_pool_destroy leaks a pool it cannot
+     * shut down, and the copies may still read those sources).
+     */
+    vmmtpy_kept_retire(&self->kept, NULL, 0);
     vmmtpy_kept_release_events(&self->kept);
     vmmt_pool_destroy(self->pool);
     self->pool = NULL;
@@ -558,7 +581,7 @@ static PyMethodDef pool_methods[] = {
     {"drain", (PyCFunction)pool_drain, METH_VARARGS, "drain(timeout_ms=5000)"},
     {"stats", (PyCFunction)pool_stats, METH_NOARGS, "stats() -> dict"},
     {"pending", (PyCFunction)pool_pending, METH_NOARGS, "sources kept for running copies"},
-    {"close", (PyCFunction)pool_close, METH_NOARGS, "close()"},
+    {"close", (PyCFunction)pool_close, METH_VARARGS, "close(timeout_ms=the pool's)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,6 +16,7 @@
 
 #include "pool_keep.h"
 
+#include "clock.h"
 #include "ctrl.h"
 #include "desc.h"
 #include "driver.h"
@@ -81,25 +82,6 @@ static int shut_fail(const struct keep *k)
                       k->slot, k->gen);
 }
 
-/* Wait for a ready word without the GIL, bounded by the pool's timeout_ms. */
-static int wait_landed(struct vmmtpy_kept *l, const struct keep *k)
-{
-    const struct timespec nap = {0, 50 * 1000};
-    long bound = (long)(l->pool->cfg.timeout_ms > 0 ? l->pool->cfg.timeout_ms : 5000) * 20;
-
-    for (long i = 0; l->shut ? 0 : !landed(l, k); i++) {
-        if (i >= bound)
-            return vmmt__fail(VMMT_ETIMEDOUT,
-                              "a publish's copy (slot %u, generation %u) did not land within "
-                              "timeout_ms=%d; its sources stay alive",
-                              k->slot, k->gen, l->pool->cfg.timeout_ms);
-        Py_BEGIN_ALLOW_THREADS;
-        nanosleep(&nap, NULL);
-        Py_END_ALLOW_THREADS;
-    }
-    return l->shut ? shut_fail(k) : VMMT_OK;
-}
-
 /* Whether k's copy is done: 1 yes, 0 not yet, -1 the check failed (error set). */
 static int keep_done(struct vmmtpy_kept *l, const struct vmmt_drv *d, const struct keep *k)
 {
@@ -114,22 +96,44 @@ static int keep_done(struct vmmtpy_kept *l, const struct vmmt_drv *d, const stru
     return -1;
 }
 
+/*
+ * Wait until k's copy is done, or `until` has passed (VMMT_ETIMEDOUT, no
+ * message: the caller says it once for all). Polled without the GIL, an
+ * event by cuEventQuery as much as a ready word: cuEventSynchronize would
+ * wait past any deadline for a stream that never gets there.
+ */
+static int wait_done(struct vmmtpy_kept *l, const struct vmmt_drv *d, const struct keep *k,
+                     const struct timespec *until)
+{
+    const struct timespec nap = {0, 50 * 1000};
+    int r;
+
+    while ((r = keep_done(l, d, k)) == 0) {
+        if (vmmt__deadline_passed(until)) return VMMT_ETIMEDOUT;
+        Py_BEGIN_ALLOW_THREADS;
+        nanosleep(&nap, NULL);
+        Py_END_ALLOW_THREADS;
+    }
+    return r > 0 ? VMMT_OK : vmmt_last_status();
+}
+
 /* Running copies a retire without `wait` looks past before it stops. */
 #define RETIRE_SCAN_RUNNING 4
 
 /*
- * Give back the sources whose copies are done; with `wait`, all of them,
- * waiting for each copy without the GIL. An entry leaves the list before
- * the GIL is released or any deleter runs (deleters run Python code, which
- * may publish again), so no other thread or reentrant call ever sees it.
- * A failed check says nothing about the copy: those sources stay alive
- * forever. GIL held.
+ * Give back the sources whose copies are done; with `until`, all of them,
+ * waiting for the copies without the GIL until that one deadline, which all
+ * of them share. An entry leaves the list before the GIL is released or any
+ * deleter runs (deleters run Python code, which may publish again), so no
+ * other thread or reentrant call ever sees it. A failed check says nothing
+ * about the copy: those sources stay alive forever. GIL held.
  */
-int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
+int vmmtpy_kept_retire(struct vmmtpy_kept *l, const struct timespec *until, int timeout_ms)
 {
     const struct vmmt_drv *d = NULL;
-    struct keep **pp = &l->head, *k, *done = NULL, *late = NULL;
-    int st = VMMT_OK, entered = 0, running = 0;
+    struct keep **pp = &l->head, *k, *done = NULL, *late = NULL, *oldest_late = NULL;
+    int st = VMMT_OK, entered = 0, running = 0, wait = until != NULL;
+    Py_ssize_t nlate = 0;
 
     if (l->head == NULL) return VMMT_OK;
     if (l->uses_events) {
@@ -159,20 +163,13 @@ int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
         done = k;
     }
     while (wait && (k = l->head) != NULL) {
-        int r = VMMT_OK;
+        int r;
         unlink_keep(l, &l->head, k);
-        if (k->by_ready) {
-            r = wait_landed(l, k);
-        } else if (k->done != NULL) {
-            CUresult cr;
-            Py_BEGIN_ALLOW_THREADS;
-            cr = d->cuEventSynchronize(k->done);
-            Py_END_ALLOW_THREADS;
-            if (cr != CUDA_SUCCESS) r = vmmt__cu_fail(cr, "waiting for a publish's copy to finish");
-        }
+        r = wait_done(l, d, k, until);
         if (r == VMMT_ETIMEDOUT) {
             /* Still running, not unknown: kept for a later proof (a shutdown that succeeds). */
-            st = r;
+            if (oldest_late == NULL) oldest_late = k;
+            nlate++;
             k->next = late;
             late = k;
             continue;
@@ -185,6 +182,12 @@ int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait)
         k->next = done;
         done = k;
     }
+    if (oldest_late != NULL)
+        st = vmmt__fail(VMMT_ETIMEDOUT,
+                        "publish copies not proven done within timeout_ms=%d: %zd (the oldest: "
+                        "slot %u, generation %u); their sources stay alive until a later close "
+                        "proves them done",
+                        timeout_ms, nlate, oldest_late->slot, oldest_late->gen);
     while ((k = late) != NULL) {
         late = k->next;
         k->next = l->head;
@@ -297,13 +300,13 @@ static void sync_stream(struct vmmtpy_kept *l, void *stream, struct keep **k)
 
 int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *first, void *stream)
 {
+    /* The publish just wrote this record: its fields need no checks. */
+    vmmt__desc_own_slot(first->bytes, &k->slot, &k->gen);
     if (l->shut) {
         /* Shut down meanwhile by another thread: no proof outlives the pool, so wait now. */
         sync_stream(l, stream, &k);
     } else if (!l->uses_events) {
-        /* The publish just wrote this record: its fields need no checks. */
         k->by_ready = 1;
-        vmmt__desc_own_slot(first->bytes, &k->slot, &k->gen);
         /* A synchronous hand-off, or a host pool's CPU copy, has landed already. */
         if (!landed(l, k)) goto keep;
     } else if (record_done(l, stream, &k->done) == VMMT_OK) {

@@ -6,6 +6,8 @@
 #ifndef VMMT_PY_POOL_KEEP_H
 #define VMMT_PY_POOL_KEEP_H
 
+#include <time.h>
+
 #include "py_vmmt.h"
 
 #include "cuabi.h"
@@ -13,10 +15,10 @@
 /* The sources of one publish, alive until its copy is proven done. */
 struct keep {
     struct keep *next;
-    CUevent done; /* the event proof; NULL with by_ready or a failed event */
-    int by_ready; /* proven by the ready word of (slot, gen) instead */
-    uint32_t slot, gen;
-    PyObject *owners; /* publish_raw: the arrays themselves (a tuple, or one) */
+    CUevent done;       /* the event proof; NULL with by_ready or a failed event */
+    int by_ready;       /* proven by the ready word of (slot, gen) instead */
+    uint32_t slot, gen; /* the publish's (its first descriptor's), for messages too */
+    PyObject *owners;   /* publish_raw: the arrays themselves (a tuple, or one) */
     size_t n;
     struct vmmtpy_src src[];
 };
@@ -51,11 +53,12 @@ void vmmtpy_keep_free(struct keep *k);
 int vmmtpy_kept_add(struct vmmtpy_kept *l, struct keep *k, const vmmt_desc *first, void *stream);
 
 /*
- * Give back the sources whose copies are done; with `wait`, all of them,
- * waiting without the GIL (those whose wait timed out stay kept). A vmmt
- * status.
+ * Give back the sources whose copies are done; with `until` (CLOCK_MONOTONIC,
+ * clock.h), all of them, waiting without the GIL until then at the most
+ * (those not proven done by then stay kept: VMMT_ETIMEDOUT, its message
+ * naming timeout_ms); NULL waits for none. A vmmt status.
  */
-int vmmtpy_kept_retire(struct vmmtpy_kept *l, int wait);
+int vmmtpy_kept_retire(struct vmmtpy_kept *l, const struct timespec *until, int timeout_ms);
 
 /* Shutdown is about to begin: no table read from now on. Then the spare events go. */
 void vmmtpy_kept_shut(struct vmmtpy_kept *l);

@@ -2,21 +2,13 @@
 publish (or the pool was shut down meanwhile), the publish synchronizes its
 stream before it gives the sources back. Run in a child process: it
 reconfigures the emulated driver to fail cuEventRecord."""
-import os
-import subprocess
-import sys
-import textwrap
-
 import vmmt
-
-_PATHS = [os.path.dirname(os.path.dirname(os.path.abspath(vmmt.__file__))),
-          os.path.dirname(os.path.abspath(__file__))]
+from child import run_child as run_in_child
 
 # The child's start: a pool that proves copies by events (a device control
 # table), a consumer, a device source, and a switch for driver failures.
 _PRELUDE = """
 import gc, os, sys, threading, time
-sys.path[:0] = %r
 import numpy as np, vmmt, emu_counters
 
 def emu_fail(rules):
@@ -27,14 +19,11 @@ pool = vmmt.Pool(0, 4 << 20, 1, device_control_table=True)
 consumer = vmmt.Consumer()
 src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
 src.synchronize()
-""" % (_PATHS,)
+"""
 
 
 def run_child(body, **env):
-    out = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body)],
-                         capture_output=True, text=True, timeout=60, env=dict(os.environ, **env))
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
+    return run_in_child(_PRELUDE, body, **env)
 
 
 def test_failed_event_synchronizes_without_the_gil_and_publishes():
@@ -133,3 +122,78 @@ def test_close_again_after_a_timed_out_close(no_leaks):
         pool.close()  # and once done, close is a no-op
     consumer.close()
     del src, pool, consumer
+
+
+# close()'s bound (issue 16, item 12). A copy queued behind a held stream
+# never completes on its own here: the emulator's wait would fail the stream
+# only after VMMT_EMU_WAIT_TIMEOUT_MS, ten minutes, past any run of these
+# tests, so a close that waits for it without bound is still waiting when
+# the child's 30 s are up, while a close bounded by its timeout_ms returns
+# in about that long: a margin of 30 or more, whatever else the machine runs.
+_HELD = {"VMMT_EMU_WAIT_TIMEOUT_MS": "600000"}
+_CLOSE_PRELUDE = """
+import gc, numpy as np, vmmt, emu_counters
+
+def held_close(pool, publishes, **close_args):
+    '''close() with `publishes` copies queued behind a held stream raises
+    Timeout and keeps their sources; once the stream goes on, close() again
+    shuts the pool down and gives them back.'''
+    consumer = vmmt.Consumer()
+    src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
+    src.synchronize()
+    with emu_counters.StalledStream(0) as held:
+        for _ in range(publishes):
+            pool._pool.publish_tensor(src, src.ptr, 2, 32, (8,), held.handle)
+        try:
+            pool.close(**close_args)
+            raise SystemExit("close() returned with copies still queued")
+        except vmmt.Timeout as e:
+            print("timeout:", e)
+        assert pool.closed and pool._pool.pending() == publishes, pool._pool.pending()
+        held.release()
+        held.synchronize()
+        pool.close()
+    assert pool._pool.pending() == 0
+    consumer.close()
+    del src
+    gc.collect()
+    assert all(v == 0 for v in emu_counters.live().values()), emu_counters.live()
+    print("ok")
+"""
+
+
+def run_held(body):
+    out = run_in_child(_CLOSE_PRELUDE, body, timeout=30, **_HELD)
+    assert "timeout:" in out and "ok" in out, out
+    return out
+
+
+def test_close_polls_an_event_proof_within_timeout_ms():
+    """Issue 16 (12): a pool whose copies are proven by events (a device
+    control table) waited for each with cuEventSynchronize, without bound:
+    close() with a copy that never completes never returned. Failed before
+    the fix: the child was still in close() after 30 s."""
+    run_held("""
+        held_close(vmmt.Pool(0, 4 << 20, 1, device_control_table=True, timeout_ms=300), 1)
+    """)
+
+
+def test_close_shares_one_deadline_among_its_kept_sources():
+    """Issue 16 (12): each kept source's ready word had a full timeout_ms of
+    its own, and the shutdown after them one more: 48 copies queued behind a
+    held stream made close() with timeout_ms=1000 wait 49 s. Failed before the
+    fix: the child was still in close() after 30 s."""
+    run_held("""
+        held_close(vmmt.Pool(0, 8 << 20, 1, max_slices=64, timeout_ms=1000), 48)
+    """)
+
+
+def test_close_takes_a_timeout_of_its_own():
+    """close(timeout_ms=...) bounds this close instead of the pool's
+    timeout_ms (ten minutes here). Failed before the fix: close() took no
+    argument."""
+    run_held("""
+        held_close(vmmt.Pool(0, 4 << 20, 1, timeout_ms=600000), 2, timeout_ms=200)
+        held_close(vmmt.Pool(0, 4 << 20, 1, device_control_table=True, timeout_ms=600000), 2,
+                   timeout_ms=200)
+    """)

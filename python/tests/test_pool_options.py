@@ -67,6 +67,7 @@ def test_reserve_commit_cancel(no_leaks, consumer, location):
         assert view.dtype == np.uint8 and view.nbytes == r.nbytes
         w = np.frombuffer(r.memoryview(), dtype=np.float32)
         w[:1024] = np.arange(1024)
+        del view, w  # the views end first: commit refuses while they live
         like = np.zeros((32, 32), np.float32)
         d = pool.commit(r, like=like)
         assert isinstance(d, vmmt.Descriptor) and d.shape == (32, 32) and d.dtype == "float32"
@@ -92,7 +93,6 @@ def test_reserve_commit_cancel(no_leaks, consumer, location):
         with pytest.raises(ValueError, match="dtype"):
             pool.commit(pool.reserve(64), "float8", (4,))
         pool.drain(5000)
-        del view
 
 
 def test_host_pool_across_processes():

@@ -10,8 +10,11 @@ object that ``torch.from_dlpack`` (or ``cupy.from_dlpack``,
 The C core is ``vmmt._vmmt``; this module resolves streams and devices, makes
 arrays contiguous, and gives descriptors a Python face.
 """
+import ctypes
+import gc
 import operator
 import sys
+import weakref
 
 from . import _vmmt
 from ._vmmt import Error, PoolFull, Timeout
@@ -411,6 +414,7 @@ class Pool:
                              "device pools; drop one of the two")
         self.device = device
         self.memory_location = memory_location
+        self._viewed = weakref.WeakSet()  # Reservations with views made (Reservation._anchor)
         self._pool = _vmmt.Pool(device, memory_size, consumer_count, max_slices, handle_type,
                                 allow_posix_fallback, round_up, broker_path, timeout_ms,
                                 recycle_interval_us, handoff, device_control_table,
@@ -451,7 +455,7 @@ class Pool:
         """Take back a descriptor never handed to a consumer (idempotent), or a
         Reservation never committed (once nothing writes into it any more)."""
         if isinstance(desc, Reservation):
-            desc._finish()
+            desc._finish("cancel")
             self._pool.cancel(desc._token)
             return
         self._pool.cancel(_desc_bytes(desc))
@@ -500,12 +504,13 @@ class Pool:
             s = None  # the CPU wrote it
         else:
             s = _current_stream(self.device)
-        if reservation._done:
-            raise ValueError("this reservation was already committed or cancelled")
-        desc = self._pool.commit(reservation.ptr, reservation.nbytes, reservation._location,
-                                 reservation._token, nbytes, code, bits, 1, shape, s)
-        reservation._done = True
-        return desc
+        reservation._finish("commit")
+        try:
+            return self._pool.commit(reservation.ptr, reservation.nbytes, reservation._location,
+                                     reservation._token, nbytes, code, bits, 1, shape, s)
+        except BaseException:
+            reservation._done = False  # not published: still the caller's to commit or cancel
+            raise
 
     def reclaim(self):
         """Recycle every acknowledged slice now; returns how many were freed."""
@@ -519,12 +524,20 @@ class Pool:
         """Every field of vmmt_pool_stats, as a dict."""
         return self._pool.stats()
 
-    def close(self):
+    def close(self, timeout_ms=None):
         """Wait for copies, give sources back, shut the pool down (idempotent).
 
-        Raises Timeout when copies are still queued after timeout_ms; the
-        pool takes no new calls, and close() again finishes the shutdown."""
-        self._pool.close()
+        timeout_ms (default: the pool's) bounds the whole close. Raises
+        Timeout when copies are still queued then; the pool takes no new
+        calls, and close() again finishes the shutdown. While a view of a
+        Reservation is alive, raises BufferError and leaves the pool open
+        (see Reservation)."""
+        for r in list(self._viewed):
+            r._end_views("close")
+        if timeout_ms is None:
+            self._pool.close()
+        else:
+            self._pool.close(timeout_ms)
 
     @property
     def closed(self):
@@ -561,25 +574,86 @@ class Reservation:
     ``ptr`` and ``nbytes`` name the slice; ``location`` is "device" or
     "host". ``from_dlpack(reservation)`` (torch, cupy, numpy) gives a flat
     uint8 view of it; ``memoryview()`` a writable view of a host slice.
-    Views are valid until commit, cancel or the pool's close.
+
+    Views never outlive the slice: commit, cancel and the pool's close first
+    release the memoryviews memoryview() returned (using one then raises
+    ValueError); then, while any view is still alive (an array made by
+    from_dlpack, a slice or array made from a memoryview), they raise
+    BufferError and do nothing else. No view is made after them.
     """
 
-    __slots__ = ("_pool", "ptr", "nbytes", "_location", "_token", "_view", "_done")
+    __slots__ = ("_pool", "ptr", "nbytes", "_location", "_token", "_done", "_anchor",
+                 "_memoryviews", "__weakref__")
 
     def __init__(self, pool, ptr, nbytes, location, token):
         self._pool, self.ptr, self.nbytes = pool, ptr, nbytes
         self._location, self._token, self._done = location, token, False
-        host = location == 1 or _on_emu()
-        self._view = _vmmt._slice_view(pool._pool, pool.device, ptr, nbytes, host)
+        self._anchor = None  # weak reference to what every live view holds (_views_anchor)
+        self._memoryviews = []  # weak references to what memoryview() returned
 
     @property
     def location(self):
         return "host" if self._location == 1 else "device"
 
-    def _finish(self):
+    def _host_view(self):
+        return self._location == 1 or _on_emu()
+
+    def _views_anchor(self):
+        """The object every view of the slice holds, made with the first one.
+
+        A ctypes array over the slice: memoryview() exports it (a memoryview,
+        and each slice or array made from one, keeps it alive), and each
+        DLPack export's Buffer keeps it as its keeper. So the slice has a
+        live view exactly while it is alive, which the weak reference tells,
+        with no count to keep; and it keeps this Reservation (and so the
+        pool) alive, so close() finds the views of a dropped Reservation too.
+        """
+        anchor = self._anchor() if self._anchor is not None else None
+        if anchor is None:
+            anchor = (ctypes.c_ubyte * self.nbytes).from_address(self.ptr)
+            anchor.reservation = self
+            self._anchor = weakref.ref(anchor)
+            self._pool._viewed.add(self)
+        return anchor
+
+    def _end_views(self, what):
+        """Release the memoryviews handed out; BufferError, naming `what`,
+        while any view of the slice is still alive."""
+        left = []
+        for ref in self._memoryviews:
+            view = ref()
+            if view is not None:
+                try:
+                    view.release()
+                except BufferError:  # exported further: still alive, so refused below
+                    left.append(ref)
+        self._memoryviews = left
+        if self._anchor is None:
+            return
+        if self._anchor() is not None:
+            gc.collect()  # views left in reference cycles
+        if self._anchor() is not None:
+            harm = {"commit": "would change what consumers read",
+                    "cancel": "would land in a slice that a later publish takes",
+                    "close": "would fault: the slice is unmapped"}[what]
+            raise BufferError(
+                "%s: a view of the %d-byte reservation at 0x%x is still alive (an array made by "
+                "from_dlpack, or a memoryview() slice or array made from one); writing or "
+                "reading it after %s %s. Delete the views (del array) and try again; nothing was "
+                "done but releasing what memoryview() returned" % (what, self.nbytes, self.ptr,
+                                                                   what, harm))
+        self._anchor = None
+        self._pool._viewed.discard(self)
+
+    def _finish(self, what):
         if self._done:
             raise ValueError("this reservation was already committed or cancelled")
-        self._done = True
+        self._done = True  # first: no view is made from now on
+        try:
+            self._end_views(what)
+        except BufferError:
+            self._done = False
+            raise
 
     def __del__(self):
         # Dropped unfinished, the slice stays reserved until the pool closes:
@@ -604,11 +678,12 @@ class Reservation:
 
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
         self._check_live()
-        return self._view.__dlpack__(stream, max_version=max_version, dl_device=dl_device,
-                                     copy=copy)
+        view = _vmmt._slice_view(self._views_anchor(), self._pool.device, self.ptr, self.nbytes,
+                                 self._host_view())
+        return view.__dlpack__(stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self):
-        return self._view.__dlpack_device__()
+        return (1, 0) if self._host_view() else (2, self._pool.device)  # kDLCPU, kDLCUDA
 
     def memoryview(self):
         """A writable memoryview of a host slice (host pools; the emulator's memory too)."""
@@ -616,7 +691,9 @@ class Reservation:
             raise ValueError("a device pool's slice is device memory: use from_dlpack with a "
                              "CUDA library, or write it with a kernel")
         self._check_live()
-        return _vmmt.host_memoryview(self.ptr, self.nbytes)
+        view = memoryview(self._views_anchor()).cast("B")  # ctypes says "<B"; "B" indexes
+        self._memoryviews.append(weakref.ref(view))
+        return view
 
     def __repr__(self):
         return "Reservation(ptr=0x%x, nbytes=%d, location=%s)" % (self.ptr, self.nbytes,

@@ -9,7 +9,7 @@ registered tensor, a device pointer per rank:
     g = TorchGroup()                       # the default process group
     ptrs = g.register([t1, t2])            # ptrs[i][r]: rank r's t_i, here
     ...
-    g.close()
+    g.close()                              # or drop g: it is destroyed then
 
 NOTE: this module talks to libvmmt's C group API (vmmt_group_*) through
 ctypes, so it works without the C extension. Once the binding (vmmt._vmmt)
@@ -24,7 +24,9 @@ group's timeout; the descriptor exchange's bound is timeout_ms.
 
 import ctypes
 import ctypes.util
+import functools
 import os
+import weakref
 
 _ALLGATHER = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
@@ -82,6 +84,37 @@ def _write_err(err, cap, text):
         ctypes.memmove(err, data, len(data))
 
 
+def _allgather_callback(gather, world_size):
+    def allgather(_ctx, send, recv, nbytes, err, cap):
+        try:
+            blocks = gather(ctypes.string_at(send, nbytes))
+            if len(blocks) != world_size or any(len(b) != nbytes for b in blocks):
+                raise ValueError("the all-gather returned blocks of other sizes or count")
+            ctypes.memmove(recv, b"".join(blocks), nbytes * world_size)
+            return 0
+        except Exception as e:  # a Python error must become a failed collective, not a crash
+            _write_err(err, cap, f"{type(e).__name__}: {e}")
+            return -1
+    return allgather
+
+
+def _barrier_callback(gather):
+    def barrier(_ctx, err, cap):
+        try:
+            gather(b"\1")
+            return 0
+        except Exception as e:
+            _write_err(err, cap, f"{type(e).__name__}: {e}")
+            return -1
+    return barrier
+
+
+def _destroy(lib, handle, pid):
+    # A forked child's copy of the group is the parent's to destroy.
+    if os.getpid() == pid:
+        lib.vmmt_group_destroy(handle)
+
+
 class BytesGroup:
     """A group over any all-gather of bytes: all_gather(data) -> list of every rank's data."""
 
@@ -95,35 +128,21 @@ class BytesGroup:
         cfg.rank, cfg.world_size, cfg.device = rank, world_size, device
         cfg.timeout_ms, cfg.handle_type = timeout_ms, handle_type
         # The callbacks live as long as this object: the C side keeps pointers to them.
-        self._cb_allgather = _ALLGATHER(self._allgather)
-        self._cb_barrier = _BARRIER(self._barrier)
+        # They hold the all-gather, not this object, so that dropping it frees it at once.
+        self._cb_allgather = _ALLGATHER(_allgather_callback(all_gather, world_size))
+        self._cb_barrier = _BARRIER(_barrier_callback(all_gather))
         cfg.collective.allgather = self._cb_allgather
         cfg.collective.barrier = self._cb_barrier
         self._handle = ctypes.c_void_p()
         self._check(self._lib.vmmt_group_create(ctypes.byref(cfg), ctypes.byref(self._handle)))
+        # Dropped without close(), the group still gives back its allocations,
+        # mappings and imported handles. The finalizer may run after the
+        # callbacks are gone (a collected cycle): vmmt_group_destroy calls none.
+        self._destroy = weakref.finalize(self, _destroy, self._lib, self._handle.value, os.getpid())
 
     def _check(self, status):
         if status != 0:
             raise GroupError(status, self._lib.vmmt_last_error().decode("utf-8", "replace"))
-
-    def _allgather(self, _ctx, send, recv, nbytes, err, cap):
-        try:
-            blocks = self._gather(ctypes.string_at(send, nbytes))
-            if len(blocks) != self.world_size or any(len(b) != nbytes for b in blocks):
-                raise ValueError("the all-gather returned blocks of other sizes or count")
-            ctypes.memmove(recv, b"".join(blocks), nbytes * self.world_size)
-            return 0
-        except Exception as e:  # a Python error must become a failed collective, not a crash
-            _write_err(err, cap, f"{type(e).__name__}: {e}")
-            return -1
-
-    def _barrier(self, _ctx, err, cap):
-        try:
-            self._gather(b"\1")
-            return 0
-        except Exception as e:
-            _write_err(err, cap, f"{type(e).__name__}: {e}")
-            return -1
 
     @property
     def handle_type(self):
@@ -155,8 +174,8 @@ class BytesGroup:
 
     def close(self):
         if self._handle:
-            self._lib.vmmt_group_destroy(self._handle)
             self._handle = ctypes.c_void_p()
+            self._destroy()
 
     def __enter__(self):
         return self
@@ -178,12 +197,14 @@ class TorchGroup(BytesGroup):
         if device is None:
             device = torch.cuda.current_device()
         self._tensor_device = torch.device("cuda", device) if backend == "nccl" else torch.device("cpu")
-        super().__init__(dist.get_rank(group), dist.get_world_size(group), self._all_gather_bytes,
+        # Not a bound method: the group's callbacks would hold the group (see BytesGroup).
+        gather = functools.partial(_torch_all_gather, torch, dist, group, self._tensor_device)
+        super().__init__(dist.get_rank(group), dist.get_world_size(group), gather,
                          device=device, timeout_ms=timeout_ms, handle_type=handle_type, lib=lib)
 
-    def _all_gather_bytes(self, data):
-        torch = self._torch
-        inp = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self._tensor_device)
-        outs = [torch.empty_like(inp) for _ in range(self._dist.get_world_size(self._pg))]
-        self._dist.all_gather(outs, inp, group=self._pg)
-        return [o.cpu().numpy().tobytes() for o in outs]
+
+def _torch_all_gather(torch, dist, group, device, data):
+    inp = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    outs = [torch.empty_like(inp) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(outs, inp, group=group)
+    return [o.cpu().numpy().tobytes() for o in outs]

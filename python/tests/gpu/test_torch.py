@@ -238,6 +238,7 @@ def test_reserve_commit_device_pool():
             view = torch.from_dlpack(r)
             assert view.is_cuda and view.dtype == torch.uint8
             view[: a.numel() * 2].view(torch.bfloat16).view(a.shape).copy_(a)
+            del view  # commit refuses while a view of the slice lives
             d = pool.commit(r, like=a)
             assert d.dtype == "bfloat16" and d.shape == (64, 33)
             x = torch.from_dlpack(consumer.consume(d))

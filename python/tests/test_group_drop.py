@@ -1,0 +1,86 @@
+"""vmmt.group_torch: a group dropped without close() gives back everything it
+holds (issue 16, item 13): its allocations, the address ranges and mappings
+of its own and its peer's buffers, the peer's imported handles and their fds.
+
+Two ranks in two processes, their all-gather over a socket pair; each counts
+the emulated driver's live objects and its own fds before the group and
+after dropping it. The group is libvmmt's C API through ctypes: libvmmt.so
+comes from $VMMT_LIBRARY (python/tests/run sets it to the build's), and it
+loads the package's emulated driver (VMMT_EMU_LIBRARY), the one the counters
+read."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from child import EMU_LIBRARY, source
+
+_RANK = """
+import gc, os, socket, struct, sys, ctypes
+import emu_counters
+from vmmt import group_torch
+
+rank, sock = int(sys.argv[1]), socket.socket(fileno=int(sys.argv[2]))
+incoming = sock.makefile("rb")  # read(n): n bytes, fewer only once the other rank is gone
+
+
+def gather(data):
+    sock.sendall(struct.pack("<Q", len(data)) + data)
+    (n,) = struct.unpack("<Q", incoming.read(8))
+    theirs = incoming.read(n)
+    if len(theirs) != n:
+        raise EOFError("the other rank is gone")
+    return [data, theirs] if rank == 0 else [theirs, data]
+
+
+lib = group_torch.load_library()
+before, fds = emu_counters.live(), emu_counters.open_fds()
+g = group_torch.BytesGroup(rank, 2, gather, timeout_ms=20000, lib=lib)
+size = 2 * 65536
+ptr = g.alloc(size, chunks=2)
+ctypes.memset(ptr, rank + 1, size)
+ptrs = g.register([(ptr, size)])
+assert ctypes.string_at(ptrs[0][1 - rank], size) == bytes([2 - rank]) * size
+held = emu_counters.live()
+assert held["mappings"] > before["mappings"], (before, held)
+gather(b"done")  # neither rank drops its group while the other still reads it
+del g
+gc.collect()
+after = emu_counters.live()
+assert after == before, "dropped without close(): %r -> %r" % (before, after)
+assert emu_counters.open_fds() == fds, "fds leaked"
+print("rank %d: dropped; nothing left of %r" % (rank, held))
+"""
+
+
+def test_group_dropped_without_close_leaks_nothing():
+    """Failed before the fix: a dropped group kept every allocation, mapping
+    and imported handle (no finalizer called vmmt_group_destroy)."""
+    library = os.environ.get("VMMT_LIBRARY")
+    if not library or not os.path.exists(library):
+        pytest.fail("VMMT_LIBRARY=%r is not libvmmt.so: python/tests/run sets it to "
+                    "BUILD_DIR/libvmmt.so; build the library first" % (library,))
+    env = dict(os.environ, VMMT_EMU_LIBRARY=EMU_LIBRARY, VMMT_EMU_GRANULARITY="65536")
+    ends = socket.socketpair()
+    ranks = []
+    try:
+        for rank, end in enumerate(ends):
+            ranks.append(subprocess.Popen(
+                [sys.executable, "-c", source(_RANK), str(rank), str(end.fileno())],
+                pass_fds=(end.fileno(),), env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True))
+    finally:
+        for end in ends:
+            end.close()
+    outs = []
+    for p in ranks:
+        try:
+            outs.append((p.communicate(timeout=60)[0], p.returncode))
+        except subprocess.TimeoutExpired:
+            for q in ranks:
+                q.kill()
+            raise AssertionError("a rank was still running after 60 s") from None
+    for rank, (out, rc) in enumerate(outs):
+        assert rc == 0, "rank %d exited with %d:\n%s" % (rank, rc, out)
