@@ -144,6 +144,7 @@ int m_publish(struct model *m, int members, const uint64_t *uid, const uint64_t 
     }
     r->state = M_LIVE;
     r->landed = landed;
+    r->gated = !landed;
     occupy(in, r->slot, r->gen, i);
     return i;
 }
@@ -213,7 +214,7 @@ static const struct m_prog *prog_of(const struct m_rec *r, uint32_t ctx)
 }
 
 /* The seat's link announces ranks R (HOLD) if it had not yet. */
-static void hold(struct model *m, int s, unsigned R)
+void m_hold(struct model *m, int s, unsigned R)
 {
     struct m_seat *st = &m->seat[s];
     for (int r = 0; r < MT_MAX_RANKS; r++)
@@ -288,7 +289,7 @@ void m_took(struct model *m, int rec, int member, unsigned R, int s)
     struct m_seat *st = &m->seat[s];
     struct m_prog *p = (struct m_prog *)prog_of(r, st->ctx);
 
-    if (r->inst == m->cur && m->inst[m->cur].ended == M_OPEN) hold(m, s, R);
+    if (r->inst == m->cur && m->inst[m->cur].ended == M_OPEN) m_hold(m, s, R);
     st->touched = 1;
     r->handed = 1;
     if (r->members == 1) {
@@ -384,7 +385,7 @@ void m_took_forged(struct model *m, const struct m_forged *f, int named, unsigne
         return;
     }
     /* Another group shape: the contract counts it as the ranks' acknowledgement. */
-    if (r->inst == m->cur && m->inst[m->cur].ended == M_OPEN) hold(m, s, R);
+    if (r->inst == m->cur && m->inst[m->cur].ended == M_OPEN) m_hold(m, s, R);
     r->acked |= R;
     maybe_done(m, r);
 }

@@ -49,6 +49,7 @@ struct m_rec {
     int state;
     int landed;       /* its bytes are in the slice (a gated publish: not until the gate opens) */
     int handed;       /* some consumer was given it (or a forgery naming it): no cancel */
+    int gated;        /* published behind a gate (for reports) */
     unsigned acked;   /* ranks that acknowledged it (or were released) */
     unsigned dropped; /* ranks the engine will not consume it for (acknowledged at quiescence) */
     struct m_prog prog[M_PROG];
@@ -167,6 +168,8 @@ void m_release(struct model *m, int rank);
 unsigned m_dead_ranks(const struct model *m, int s);
 void m_seat_died(struct model *m, int s, unsigned released);
 void m_seat_started(struct model *m, int s, unsigned role, int waits_ok);
+/* The library took ranks R for seat s (an OK the model did not allow, under --keep-going). */
+void m_hold(struct model *m, int s, unsigned R);
 /* Evict: 1 must succeed, 0 must be refused, -1 either. */
 int m_evict_expect(const struct model *m, int s);
 void m_evicted(struct model *m, int s);
