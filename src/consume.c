@@ -161,7 +161,16 @@ static int claim(struct request *rq)
             if (s->groups[i].members != 0) rq->pool->open_groups--;
         memset(s, 0, sizeof *s);
         s->generation = rq->d.generation;
+        s->slice_offset = rq->d.slice_offset;
+        s->pack_count = rq->d.pack_count;
     }
+    if (s->pack_count != rq->d.pack_count || s->slice_offset != rq->d.slice_offset)
+        return vmmt__fail(VMMT_EPROTO,
+                          "descriptor for slot %u generation %u says %u member(s) in a slice at "
+                          "%" PRIu64 ", where the occupant's other descriptors here said %u at "
+                          "%" PRIu64 ": the descriptor was altered; nothing was acknowledged",
+                          rq->d.slot, rq->d.generation, rq->d.pack_count, rq->d.slice_offset,
+                          s->pack_count, s->slice_offset);
     memcpy(rq->skip, s->ranks_queued, sizeof rq->skip);
     if (rq->d.pack_count <= 1) {
         if (ranks_overlap(s, rq->first, rq->count)) return fail_twice(rq);

@@ -33,6 +33,10 @@ struct pack_group {
 /* What this process has done with one slot's current occupant. */
 struct slot_state {
     uint32_t generation;
+    /* The occupant's slice and member count as its first descriptor here said:
+     * a later member must agree, or a forged one could complete the group. */
+    uint64_t slice_offset;
+    uint16_t pack_count;
     /* Its producer died before its ready word reached the generation: what
      * this process copied out of the slot is not the producer's buffer. */
     int failed;

@@ -483,6 +483,14 @@ static int live_seat_random(void)
     return n ? alive[below((uint64_t)n)] : -1;
 }
 
+static int touched_seat_random(void)
+{
+    int n = 0, seats[MT_MAX_SEATS];
+    for (int s = 0; s < R.nseats; s++)
+        if (M.seat[s].alive && M.seat[s].touched) seats[n++] = s;
+    return n ? seats[below((uint64_t)n)] : -1;
+}
+
 static void note_refusal(int st)
 {
     if (st < 0 && st >= -15) R.refused[-st]++;
@@ -1155,8 +1163,12 @@ static int op_forge(void)
      */
     if (r->state != M_LIVE && skipped("forge_dead")) return 0;
     in = &M.inst[r->inst];
-    s = below(4) == 0 ? seat_fresh() : -1;
-    if (s < 0) s = live_seat_random();
+    /* forge_first: no forgery as the first descriptor a process sees of a pool. Open
+     * finding (tests/model/FINDINGS.md): such a forgery becomes that process's record of
+     * the pool, and its real descriptors are then refused (VMMT_EPROTO) until evicted. */
+    if (skipped("forge_first") && r->inst != M.cur) return 0;
+    s = below(4) == 0 && !skipped("forge_first") ? seat_fresh() : -1;
+    if (s < 0) s = skipped("forge_first") ? touched_seat_random() : live_seat_random();
     if (s < 0) return 0;
     which = (int)below((uint64_t)mt_forge_count());
     if (mt_forge_is_one_ahead(which)) {

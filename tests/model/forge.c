@@ -8,6 +8,7 @@
  * answer by what the bytes are, not by what was meant.
  */
 #include "forge.h"
+#include "model.h"
 
 #include <string.h>
 
@@ -201,13 +202,14 @@ void mt_forge(vmmt_desc *d, int which, uint64_t r, const struct mt_forge_in *in)
     case F_GEN_ONE_AHEAD: {
         uint32_t s = (uint32_t)GET(264, 4);
         uint32_t g = s < in->slots ? in->slot_gen[s] : (uint32_t)GET(268, 4);
-        PUT(268, 4, g == UINT32_MAX ? 1 : g + 1);
+        PUT(268, 4, m_next_gen(g));
         break;
     }
     case F_GEN_FAR_AHEAD: {
         uint32_t s = (uint32_t)GET(264, 4);
         uint32_t g = s < in->slots ? in->slot_gen[s] : (uint32_t)GET(268, 4);
-        PUT(268, 4, g + 2 + r % (r % 2 ? 1000 : 0x7fff0000u));
+        /* Often a valid generation (4k + 1), so that it reaches the occupancy checks. */
+        PUT(268, 4, r % 3 ? g + 4 * (2 + r % 1000) : g + 2 + r % (r % 2 ? 1000 : 0x7fff0000u));
         break;
     }
     case F_SLICE:

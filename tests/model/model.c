@@ -48,9 +48,10 @@ unsigned m_all(const struct m_inst *in)
     return (1u << in->ranks) - 1;
 }
 
+/* The next generation a publish could hand out (src/generation.h): 4k + 1, stepping by 4. */
 uint32_t m_next_gen(uint32_t g)
 {
-    return g == UINT32_MAX ? 1 : g + 1;
+    return g == 0 || g == 0xfffffffdu ? 5 : g + 4;
 }
 
 void m_inst_begin(struct model *m, const uint8_t pool_id[16], int ranks, uint32_t slots,
@@ -98,9 +99,12 @@ const char *m_slot_check(struct model *m, uint32_t slot, uint32_t gen)
     if (in->slot_rec[slot] != -1)
         return "a slot the model still holds (LIVE occupant or open reservation) was handed out "
                "again: an occupant was recycled before all its ranks acknowledged it";
-    if (gen != m_next_gen(in->slot_gen[slot]))
-        return "the slot's generation is not the one after the last handed out (skipped or "
-               "reused)";
+    /* One counter per pool: later than every generation handed out in the pool (a failed
+     * publish retires the one it took, so the step may be more than one). The runs are
+     * far too short for the counter to wrap. */
+    if ((gen & 3u) != 1u || gen <= in->last_gen)
+        return "the generation is not a later one of the pool's counter (4k + 1, above every "
+               "generation handed out before: skipped backwards or reused)";
     return NULL;
 }
 
@@ -117,6 +121,7 @@ static int new_rec(struct model *m)
 static void occupy(struct m_inst *in, uint32_t slot, uint32_t gen, int what)
 {
     in->slot_gen[slot] = gen;
+    if (gen > in->last_gen) in->last_gen = gen;
     in->slot_rec[slot] = what;
     in->occupied++;
 }

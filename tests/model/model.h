@@ -70,6 +70,7 @@ struct m_inst {
     int capacity; /* slices that fit: min(slots, data bytes / unit) */
     int ended;
     uint32_t slot_gen[M_SLOTS]; /* the last generation handed out per slot */
+    uint32_t last_gen;          /* the last generation handed out in the pool */
     int slot_rec[M_SLOTS];      /* the LIVE occupant (record index), -1 none, -2 a reservation */
     int occupied;               /* LIVE records and open reservations */
     struct m_res res[MT_MAX_RES];
