@@ -122,6 +122,15 @@ static int write_ready(struct vmmt_pool *p, uint32_t n, int pending)
                                       pending ? "pending" : "retired", n);
 }
 
+/* A slot whose RETIRED word has landed leaves the in-flight count for the free lists; lock held. */
+static void free_retired(struct vmmt_pool *p, uint32_t slot, int cancelled)
+{
+    p->in_flight--;
+    p->in_flight_bytes -= p->slot[slot].slice_bytes;
+    if (!cancelled) p->recycled++;
+    vmmt__slot_release(p, slot);
+}
+
 /* Free the n slots retired, or put them back for the next reclaim if that failed; lock held. */
 static void settle(struct vmmt_pool *p, uint32_t n, int retired)
 {
@@ -133,10 +142,7 @@ static void settle(struct vmmt_pool *p, uint32_t n, int retired)
             s->state = cancelled ? SLOT_CANCELLED : SLOT_IN_FLIGHT;
             continue;
         }
-        p->in_flight--;
-        p->in_flight_bytes -= s->slice_bytes;
-        if (!cancelled) p->recycled++;
-        vmmt__slot_release(p, slot);
+        free_retired(p, slot, cancelled);
     }
 }
 
@@ -160,10 +166,7 @@ uint32_t vmmt__pool_sweep_locked(struct vmmt_pool *p)
         if (!row_done(p, i, s->generation, !cancelled)) continue;
         __atomic_store_n(p->table_host + vmmt__ctrl_ready(0, p->stride, i) / 4,
                          vmmt__gen_retired(s->generation), __ATOMIC_RELEASE);
-        p->in_flight--;
-        p->in_flight_bytes -= s->slice_bytes;
-        if (!cancelled) p->recycled++;
-        vmmt__slot_release(p, i);
+        free_retired(p, i, cancelled);
         freed++;
     }
     if (freed > 0) pthread_cond_broadcast(&p->changed);
