@@ -88,32 +88,37 @@ static int wait_stream(struct vmmt_pool *p)
 
 /*
  * Ready words of the n slots in p->retiring, now: RETIRED, or PENDING for a
- * publish into a device table. CPU stores into a shared table; else copies
- * from the pinned copy of the table on the pool's stream, synchronized, so
- * that each has landed when this returns. reclaim_lock held (it keeps the
- * next table read off the pinned copy until the copies have run).
+ * publish into a device table. CPU stores into a shared table; else stream
+ * writes of the value on the pool's stream, synchronized, so that each has
+ * landed when this returns. Not copies from the pinned table: a table read
+ * whose synchronize failed may still be queued to overwrite that buffer, and
+ * a staged word it overwrites goes to the device as the slot's old word
+ * (tests/unit/test_pool_failures.c). reclaim_lock held.
  */
 static int write_ready(struct vmmt_pool *p, uint32_t n, int pending)
 {
     const struct vmmt_drv *d = vmmt__drv();
     int st, sw;
 
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t slot = p->retiring[i] & ~RETIRING_CANCELLED, gen = p->slot[slot].generation;
-        __atomic_store_n(p->table_host + vmmt__ctrl_ready(0, p->stride, slot) / 4,
-                         pending ? vmmt__gen_pending(gen) : vmmt__gen_retired(gen),
-                         __ATOMIC_RELEASE);
+    if (p->host_table) {
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t slot = p->retiring[i] & ~RETIRING_CANCELLED, gen = p->slot[slot].generation;
+            __atomic_store_n(p->table_host + vmmt__ctrl_ready(0, p->stride, slot) / 4,
+                             pending ? vmmt__gen_pending(gen) : vmmt__gen_retired(gen),
+                             __ATOMIC_RELEASE);
+        }
+        return VMMT_OK;
     }
-    if (p->host_table) return VMMT_OK;
     st = vmmt__ctx_enter(p->device);
     if (st != VMMT_OK) return st;
     for (uint32_t i = 0; st == VMMT_OK && i < n; i++) {
-        uint32_t slot = p->retiring[i] & ~RETIRING_CANCELLED;
-        uint32_t *word = p->table_host + vmmt__ctrl_ready(0, p->stride, slot) / 4;
-        st = VMMT_CU(d, cuMemcpyHtoDAsync(vmmt__ctrl_ready(p->ctrl_dev, p->stride, slot), word,
-                                          sizeof *word, p->stream));
+        uint32_t slot = p->retiring[i] & ~RETIRING_CANCELLED, gen = p->slot[slot].generation;
+        st = VMMT_CU(d,
+                     cuStreamWriteValue32(p->stream, vmmt__ctrl_ready(p->ctrl_dev, p->stride, slot),
+                                          pending ? vmmt__gen_pending(gen) : vmmt__gen_retired(gen),
+                                          CU_STREAM_WRITE_VALUE_DEFAULT));
     }
-    /* Even after a failed copy: what was queued must land before anything is freed. */
+    /* Even after a failed write: what was queued must land before anything is freed. */
     sw = wait_stream(p);
     if (st == VMMT_OK) st = sw;
     vmmt__ctx_leave();

@@ -9,6 +9,7 @@
 
 #include "driver.h"
 #include "emu.h"
+#include "pool_internal.h"
 #include "poolfix.h"
 #include "status.h"
 #include "testutil.h"
@@ -82,11 +83,56 @@ static void test_recycler_retries_transient_failure(void **state)
     assert_int_equal(stats(f->pool).recycled, 2);
 }
 
+/*
+ * Caught (CI, test_fault_sweep's sweep_recycle, 3 runs in 20): a table read
+ * whose cuStreamSynchronize failed left its copy into the pinned table
+ * queued on the pool's stream. The next publish staged its PENDING word in
+ * that same pinned table and copied it from there; the late read overwrote
+ * the staged word first, so the device got the slot's old word (0) and a
+ * consumer refused the fresh descriptor as never handed out. Gates keep the
+ * late read and the publish's LIVE word queued, so the consume below sees
+ * exactly what the PENDING write left.
+ */
+static void test_failed_table_read_does_not_clobber_pending_word(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_desc first, next;
+    struct gate pool_gate, caller_gate;
+
+    if (!on_emu() || pool_kind_host()) skip();
+    c.device_control_table = 1;
+    c.recycle_interval_us = 60u * 1000 * 1000; /* the recycler stays out of the way */
+    c.handoff = VMMT_HANDOFF_STREAM;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    put(f, f->src, 4096, 7);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &first)); /* in flight: reclaim reads */
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    gate_close(&pool_gate, f->pool->stream);
+    emu_fail("cuStreamSynchronize:1:CUDA_ERROR_UNKNOWN");
+    assert_int_not_equal(vmmt_pool_reclaim(f->pool, NULL), VMMT_OK); /* its read stays queued */
+    emu_reset();
+    gate_open_later(&pool_gate, 50); /* the publish's PENDING write waits behind the read */
+    gate_close(&caller_gate, f->stream);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &next));
+    gate_free(&pool_gate);
+    assert_vmmt_ok(
+        vmmt_consume(f->consumer, &next, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    gate_open_later(&caller_gate, 0);
+    gate_free(&caller_gate);
+    expect(f, f->dst, 4096, 7);
+    assert_vmmt_ok(
+        vmmt_consume(f->consumer, &first, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_quarantined_shutdown_keeps_mapping_under_queued_copy),
         T(test_recycler_retries_transient_failure),
+        T(test_failed_table_read_does_not_clobber_pending_word),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
