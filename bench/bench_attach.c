@@ -57,8 +57,8 @@ static int s6_fetch(struct s6_ctx *x, const vmmt_desc *desc)
     if (st == VMMT_OK && fds[1] >= 0 && x->table != NULL) {
         struct vmmt__ctrl t;
         t0 = bench_now_us();
-        struct vmmt__ctrl_geometry g = {d.table_slots, d.slot_stride, d.consumer_count};
-        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d.table_slots * d.slot_stride, &g, 0, &t);
+        struct vmmt__ctrl_record rec = {d.table_slots, d.slot_stride, d.consumer_count, {0}};
+        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d.table_slots * d.slot_stride, &rec, 0, &t);
         if (st == VMMT_OK && bench_series_add(x->table, bench_now_us() - t0)) st = VMMT_ENOMEM;
         if (st == VMMT_OK) vmmt__ctrl_release(&t);
     }

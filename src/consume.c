@@ -31,9 +31,6 @@ struct request {
     uint64_t skip[VMMT__MAX_CONSUMERS / 64]; /* the slot's ranks_queued, as claim found it */
 };
 
-/* A device table's row as check_occupant reads it: the ready word, then one word per rank. */
-#define POLL_WORDS (1 + VMMT__MAX_CONSUMERS)
-
 static int resolve_ranks(const struct vmmt__desc *d, int first, int count, struct request *rq)
 {
     if (first == VMMT_ALL_RANKS) {
@@ -333,7 +330,7 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
                           "; the buffer needs %" PRIu64 " (a non-NULL pointer, not wrapping)",
                           dst_size, dst, rq->d.nbytes);
     pthread_mutex_lock(&c->lock);
-    st = vmmt__cache_get(c, &rq->d, device, &rq->pool);
+    st = vmmt__cache_get(c, desc->bytes, &rq->d, device, &rq->pool);
     /* A copy needs the buffer's chunks mapped, at the incarnation the table shows;
      * chunks the producer gave back are let go here, so their memory is freed. */
     if (st == VMMT_OK && rq->pool->chunks != NULL) {
@@ -362,29 +359,6 @@ static void done(vmmt_consumer *c, struct request *rq)
     vmmt__cache_unuse(c, rq->pool);
 }
 
-/* Read `words` table words from `word` on the pool's own stream, within the deadline. */
-static int poll_words(const struct imported *ip, CUdeviceptr word, uint32_t words,
-                      const struct timespec *until, int timeout_ms)
-{
-    const struct vmmt_drv *d = vmmt__drv();
-    struct timespec pause = {0, 10000};
-    CUresult r;
-
-    r = d->cuMemcpyDtoHAsync(ip->poll_word, word, 4u * words, ip->poll_stream);
-    if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "reading the ready flag");
-    for (;;) {
-        r = d->cuStreamQuery(ip->poll_stream);
-        if (r != CUDA_ERROR_NOT_READY) break;
-        if (vmmt__deadline_passed(until))
-            return vmmt__fail(VMMT_ETIMEDOUT,
-                              "reading the producer's ready flag took more than %d ms; the "
-                              "device is busy or stalled",
-                              timeout_ms);
-        nanosleep(&pause, NULL);
-    }
-    return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "reading the ready flag");
-}
-
 /* The ready word as the host sees it now: a plain load, or a copy through the pool's stream. */
 static int read_ready(struct imported *ip, const struct request *rq, CUdeviceptr word,
                       const struct timespec *until, int timeout_ms, uint32_t *v)
@@ -396,27 +370,8 @@ static int read_ready(struct imported *ip, const struct request *rq, CUdeviceptr
             vmmt__ctrl_load(ip->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4);
         return VMMT_OK;
     }
-    st = poll_words(ip, word, 1, until, timeout_ms);
+    st = vmmt__table_read_words(ip, word, 1, until, timeout_ms);
     if (st == VMMT_OK) *v = ip->poll_word[0];
-    return st;
-}
-
-/*
- * The pool's own stream and pinned words for reading a device table's ready
- * words; poll_lock held. Each is made only if missing: a failed
- * cuMemAllocHost after the stream was created must not leave a pool that
- * later reads think ready (the fault sweep caught reads into a NULL word).
- */
-static int open_poll(struct imported *ip)
-{
-    const struct vmmt_drv *d = vmmt__drv();
-    int st = VMMT_OK;
-
-    if (ip->host_table) return VMMT_OK;
-    if (ip->poll_stream == NULL)
-        st = VMMT_CU(d, cuStreamCreate(&ip->poll_stream, CU_STREAM_NON_BLOCKING));
-    if (st == VMMT_OK && ip->poll_word == NULL)
-        st = VMMT_CU(d, cuMemAllocHost((void **)&ip->poll_word, 4u * POLL_WORDS));
     return st;
 }
 
@@ -453,8 +408,8 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
     }
     vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
     pthread_mutex_lock(&ip->poll_lock);
-    st = open_poll(ip);
-    if (st == VMMT_OK) st = poll_words(ip, row, words, &until, c->cfg.timeout_ms);
+    st = vmmt__table_open_poll(ip);
+    if (st == VMMT_OK) st = vmmt__table_read_words(ip, row, words, &until, c->cfg.timeout_ms);
     if (st == VMMT_OK) {
         *ready = ip->poll_word[0];
         for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++)
@@ -479,7 +434,7 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
 
     vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
     pthread_mutex_lock(&ip->poll_lock);
-    st = open_poll(ip);
+    st = vmmt__table_open_poll(ip);
     while (st == VMMT_OK) {
         st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, &v);
         if (st != VMMT_OK || v == gen) break;

@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "acker.h"
 #include "ctrl.h"
@@ -81,7 +82,8 @@ struct imported {
     /* Host polling of ready words where a stream may not wait on them. */
     pthread_mutex_t poll_lock;
     CUstream poll_stream;
-    uint32_t *poll_word; /* pinned: a slot's ready word and its rank words (POLL_WORDS) */
+    uint32_t *poll_word; /* pinned: a slot's ready word and its rank words (VMMT__POLL_WORDS) */
+    uint8_t seal_key[VMMT__SEAL_KEY_BYTES]; /* from the pool record: checks every descriptor */
     struct imported *next;
 };
 
@@ -116,13 +118,29 @@ struct vmmt_consumer {
     uint32_t dead_next, dead_count;
 };
 
+/* A device table's row as a consume reads it: the ready word, then one word per rank. */
+#define VMMT__POLL_WORDS (1 + VMMT__MAX_CONSUMERS)
+
+/* The import's polling stream and pinned words, made if missing; poll_lock held (table_read.c). */
+int vmmt__table_open_poll(struct imported *ip);
+
 /*
- * The import of the pool `d` names for `device`: the cached one after
- * checking d against it, or a new import; then, over max_pools, another
- * idle pool is evicted. Lock held (imports are rare and serial).
+ * Read `words` (at most VMMT__POLL_WORDS) words of a device table at `word`
+ * into ip->poll_word, polled until `until`; poll_lock held.
  */
-int vmmt__cache_get(struct vmmt_consumer *c, const struct vmmt__desc *d, int device,
-                    struct imported **out);
+int vmmt__table_read_words(const struct imported *ip, CUdeviceptr word, uint32_t words,
+                           const struct timespec *until, int timeout_ms);
+
+/*
+ * The import of the pool `d` (decoded from `bytes`) names for `device`: the
+ * cached one, or a new import; either way the record's seal is checked with
+ * the pool's key first, and d against the import's own record of the pool.
+ * A new import whose first descriptor fails the seal is let go at once, so a
+ * forged first descriptor leaves nothing behind. Then, over max_pools,
+ * another idle pool is evicted. Lock held (imports are rare and serial).
+ */
+int vmmt__cache_get(struct vmmt_consumer *c, const uint8_t bytes[VMMT_DESC_SIZE],
+                    const struct vmmt__desc *d, int device, struct imported **out);
 
 /* A call starts using ip (the lock held). */
 void vmmt__cache_use(struct vmmt_consumer *c, struct imported *ip);

@@ -108,7 +108,7 @@ int vmmt__ctrl_create_shared_unregistered(size_t bytes, struct vmmt__ctrl *c)
     return create_shared(bytes, 0, c);
 }
 
-static const uint8_t geometry_magic[4] = {'G', 'E', 'O', 'M'};
+static const uint8_t record_magic[4] = {'P', 'O', 'O', 'L'};
 
 static void put_u32le(uint8_t *p, uint32_t v)
 {
@@ -121,45 +121,45 @@ static uint32_t get_u32le(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-void vmmt__ctrl_put_geometry(struct vmmt__ctrl *c, size_t at, const struct vmmt__ctrl_geometry *g)
+void vmmt__ctrl_record_encode(const struct vmmt__ctrl_record *r,
+                              uint8_t out[VMMT__CTRL_RECORD_BYTES])
 {
-    uint8_t *r = (uint8_t *)c->host + at;
-
-    memcpy(r, geometry_magic, sizeof geometry_magic);
-    put_u32le(r + 4, g->slots);
-    put_u32le(r + 8, g->stride);
-    put_u32le(r + 12, g->consumers);
+    memcpy(out, record_magic, sizeof record_magic);
+    put_u32le(out + 4, r->slots);
+    put_u32le(out + 8, r->stride);
+    put_u32le(out + 12, r->consumers);
+    memcpy(out + 16, r->key, VMMT__SEAL_KEY_BYTES);
 }
 
-/* The record at `at` of a mapped table against what the descriptor says. */
-static int check_geometry(const struct vmmt__ctrl *c, size_t at,
-                          const struct vmmt__ctrl_geometry *g)
+int vmmt__ctrl_record_check(const uint8_t in[VMMT__CTRL_RECORD_BYTES],
+                            struct vmmt__ctrl_record *want, const char *where)
 {
-    const uint8_t *r = (const uint8_t *)c->host + at;
-    struct vmmt__ctrl_geometry t = {get_u32le(r + 4), get_u32le(r + 8), get_u32le(r + 12)};
+    uint32_t slots = get_u32le(in + 4), stride = get_u32le(in + 8), consumers = get_u32le(in + 12);
 
-    if (memcmp(r, geometry_magic, sizeof geometry_magic) != 0)
+    if (memcmp(in, record_magic, sizeof record_magic) != 0)
         return vmmt__fail(VMMT_EPROTO,
-                          "the control table the broker sent has no geometry record at byte "
-                          "%zu; the descriptor (table_slots %u x slot_stride %u) is not this "
-                          "pool's, or the producer runs another vmmt version",
-                          at, g->slots, g->stride);
-    if (t.slots != g->slots || t.stride != g->stride || t.consumers != g->consumers)
+                          "%s has no pool record after its rows; the descriptor (table_slots "
+                          "%u x slot_stride %u) is not this pool's, or the producer runs "
+                          "another vmmt version",
+                          where, want->slots, want->stride);
+    if (slots != want->slots || stride != want->stride || consumers != want->consumers)
         return vmmt__fail(VMMT_EPROTO,
-                          "the control table the broker sent has %u slots x %u bytes for %u "
-                          "consumers, the descriptor says %u x %u for %u: the descriptor was "
-                          "altered or belongs to another pool; nothing was imported",
-                          t.slots, t.stride, t.consumers, g->slots, g->stride, g->consumers);
+                          "%s has %u slots x %u bytes for %u consumers, the descriptor says "
+                          "%u x %u for %u: the descriptor was altered or belongs to another "
+                          "pool; nothing was imported",
+                          where, slots, stride, consumers, want->slots, want->stride,
+                          want->consumers);
+    memcpy(want->key, in + 16, VMMT__SEAL_KEY_BYTES);
     return VMMT_OK;
 }
 
-int vmmt__ctrl_attach_shared(int fd, size_t at, const struct vmmt__ctrl_geometry *g,
+int vmmt__ctrl_attach_shared(int fd, size_t at, struct vmmt__ctrl_record *rec,
                              int register_with_driver, struct vmmt__ctrl *c)
 {
     struct stat sb;
     int st, seals;
 
-    init(c, at + VMMT__CTRL_GEOMETRY_BYTES);
+    init(c, at + VMMT__CTRL_RECORD_BYTES);
     if (fstat(fd, &sb) != 0) return vmmt__sys_fail("fstat of the control table descriptor");
     /* Exactly the producer's size: the descriptor's table_slots and slot_stride must describe
      * what was really served, or they are not this pool's. */
@@ -178,7 +178,9 @@ int vmmt__ctrl_attach_shared(int fd, size_t at, const struct vmmt__ctrl_geometry
                           "vmmt of this version?)",
                           seals < 0 ? 0 : (unsigned)seals, (unsigned)VMMT__CTRL_SEALS);
     st = map_and_register(fd, register_with_driver, c);
-    if (st == VMMT_OK) st = check_geometry(c, at, g);
+    if (st == VMMT_OK)
+        st = vmmt__ctrl_record_check((const uint8_t *)c->host + at, rec,
+                                     "the control table the broker sent");
     if (st != VMMT_OK) vmmt__ctrl_release(c);
     return st;
 }

@@ -14,6 +14,8 @@
 
 #include "cuabi.h"
 #include "generation.h"
+#include "desc.h"
+#include "seal.h"
 
 #define VMMT__DATA_ALIGN 256
 
@@ -81,21 +83,35 @@ struct vmmt__ctrl {
 };
 
 /*
- * The shape of a shared table, recorded by the producer in a 16-byte record
- * after the rows (and an elastic pool's incarnation words): "GEOM", then
- * table_slots, slot_stride and consumer_count, little-endian u32. A consumer
- * compares it with the descriptor that imports the pool: a size check alone
- * let a forged descriptor with another stride and slot count but the same
- * page-rounded size acknowledge into another slot's words.
+ * The pool record, written by the producer after the rows of every control
+ * table (after an elastic pool's incarnation words too; in device memory for
+ * a device table): "POOL", then table_slots, slot_stride and consumer_count
+ * as little-endian u32, then the pool's 16-byte seal key (seal.h). A
+ * consumer that imports the pool checks the geometry against the descriptor
+ * that brought it (a size check alone let a forged descriptor with another
+ * stride and slot count but the same page-rounded size acknowledge into
+ * another slot's words) and keeps the key, with which it checks the seal of
+ * every descriptor of the pool, the first one included.
  */
-#define VMMT__CTRL_GEOMETRY_BYTES 16u
+#define VMMT__CTRL_RECORD_BYTES VMMT__DESC_TABLE_RECORD_BYTES
 
-struct vmmt__ctrl_geometry {
+struct vmmt__ctrl_record {
     uint32_t slots, stride, consumers;
+    uint8_t key[VMMT__SEAL_KEY_BYTES];
 };
 
-/* Producer: write the record at byte `at` of a shared table made that much longer. */
-void vmmt__ctrl_put_geometry(struct vmmt__ctrl *c, size_t at, const struct vmmt__ctrl_geometry *g);
+/* Producer: the record's bytes. */
+void vmmt__ctrl_record_encode(const struct vmmt__ctrl_record *r,
+                              uint8_t out[VMMT__CTRL_RECORD_BYTES]);
+
+/*
+ * The record's one validator, for writer and reader: the bytes must be a
+ * record of the geometry `want` gives (its key is not compared); on success
+ * want->key is filled from it. `where` names where the bytes were read.
+ * VMMT_EPROTO otherwise, saying the descriptor is not this pool's.
+ */
+int vmmt__ctrl_record_check(const uint8_t in[VMMT__CTRL_RECORD_BYTES],
+                            struct vmmt__ctrl_record *want, const char *where);
 
 /* Producer: a new zeroed shared table of at least `bytes`, mapped and registered. */
 int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c);
@@ -104,13 +120,14 @@ int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c);
 int vmmt__ctrl_create_shared_unregistered(size_t bytes, struct vmmt__ctrl *c);
 
 /*
- * Consumer: map the table behind fd (which the caller keeps), whose geometry
- * record sits at byte `at` and must say `g`. Registration with the driver
+ * Consumer: map the table behind fd (which the caller keeps), whose pool
+ * record sits at byte `at` and must have the geometry of `rec` (whose key
+ * is then filled). Registration with the driver
  * (so that streams can address it) only when asked: a consumer that reads
  * flags and writes acknowledgements with the CPU needs none, and
  * registering costs about 100 us on the H200.
  */
-int vmmt__ctrl_attach_shared(int fd, size_t at, const struct vmmt__ctrl_geometry *g,
+int vmmt__ctrl_attach_shared(int fd, size_t at, struct vmmt__ctrl_record *rec,
                              int register_with_driver, struct vmmt__ctrl *c);
 
 /* Register a table mapped without registration (idempotent); fills c->dev. */

@@ -12,6 +12,7 @@
 
 #include "abi.h"
 #include "generation.h"
+#include "seal.h"
 #include "status.h"
 
 /* The codec knows bytes and integers only; it must build without any CUDA type. */
@@ -54,6 +55,7 @@
 #define OFF_NDIM            312
 #define OFF_SHAPE           320
 #define OFF_PRODUCER_PIDNS  384 /* u64 */
+#define OFF_SEAL            392 /* u64: seal.h */
 #define OFF_CHUNK_SIZE      480 /* elastic pools: bytes per chunk, 0 for a single allocation */
 #define OFF_CHUNK           488 /* the chunk the buffer starts in */
 #define OFF_INCARNATION     492 /* which making of that chunk */
@@ -61,10 +63,10 @@
 
 static const char desc_magic[8] = {'V', 'M', 'M', 'T', 'D', 'E', 'S', 'C'};
 
-/* Bytes that version 1 leaves unused: zero now, so a later version can give them meaning. */
+/* Bytes that version 2 leaves unused: zero now, so a later version can give them meaning. */
 static const struct {
     unsigned off, len;
-} reserved[] = {{20, 4}, {214, 2}, {316, 4}, {392, 88}, {500, 12}};
+} reserved[] = {{20, 4}, {214, 2}, {316, 4}, {400, 80}, {500, 12}};
 
 #define CORRUPT "the descriptor is corrupt or belongs to another pool"
 
@@ -161,6 +163,7 @@ void vmmt__desc_encode(const struct vmmt__desc *d, uint8_t out[VMMT_DESC_SIZE])
     put_u32(out, OFF_PRODUCER_PID, (uint32_t)d->producer_pid);
     put_u32(out, OFF_PRODUCER_UID, d->producer_uid);
     put_u64(out, OFF_PRODUCER_PIDNS, d->producer_pidns);
+    put_u64(out, OFF_SEAL, d->seal);
     put_u32(out, OFF_CONSUMER_COUNT, d->consumer_count);
     put_u32(out, OFF_TABLE_SLOTS, d->table_slots);
     put_u64(out, OFF_ALLOC_SIZE, d->alloc_size);
@@ -246,6 +249,7 @@ static void load(const uint8_t *in, struct vmmt__desc *d)
     d->producer_pid = as_i32(get_u32(in, OFF_PRODUCER_PID));
     d->producer_uid = get_u32(in, OFF_PRODUCER_UID);
     d->producer_pidns = get_u64(in, OFF_PRODUCER_PIDNS);
+    d->seal = get_u64(in, OFF_SEAL);
     d->consumer_count = get_u32(in, OFF_CONSUMER_COUNT);
     d->table_slots = get_u32(in, OFF_TABLE_SLOTS);
     d->alloc_size = get_u64(in, OFF_ALLOC_SIZE);
@@ -423,12 +427,18 @@ static int check_geometry(const struct vmmt__desc *d, const struct check_ctx *x)
             "descriptor field table_offset=%" PRIu64 " with %" PRIu64 " table bytes (%" PRIu32
             " slots of %" PRIu32 ") does not fit in alloc_size=%" PRIu64 "; %s",
             d->table_offset, table_bytes, d->table_slots, d->slot_stride, d->alloc_size, x->advice);
-    if (d->data_offset < d->table_offset + table_bytes || d->data_offset > d->alloc_size)
+    /* The pool record follows the rows (ctrl.h). table_offset + table_bytes <= alloc_size
+     * (checked above), so only the record's bytes are compared by difference. */
+    if (d->data_offset < d->table_offset + table_bytes ||
+        d->data_offset - (d->table_offset + table_bytes) < VMMT__DESC_TABLE_RECORD_BYTES ||
+        d->data_offset > d->alloc_size)
         return vmmt__fail(x->status,
                           "descriptor field data_offset=%" PRIu64
-                          " is not between the end of the control table (%" PRIu64
-                          ") and alloc_size=%" PRIu64 "; %s",
-                          d->data_offset, d->table_offset + table_bytes, d->alloc_size, x->advice);
+                          " is not between the end of the control table and its pool record "
+                          "(%" PRIu64 ") and alloc_size=%" PRIu64 "; %s",
+                          d->data_offset,
+                          d->table_offset + table_bytes + VMMT__DESC_TABLE_RECORD_BYTES,
+                          d->alloc_size, x->advice);
     return VMMT_OK;
 }
 
@@ -769,4 +779,27 @@ int vmmt_desc_inspect_size(const vmmt_desc *desc, vmmt_desc_info *theirs, size_t
     out->incarnation = d.incarnation;
     return vmmt__struct_out(theirs, size, &info, sizeof info, DESC_INFO_V1,
                             "vmmt_desc_inspect: out");
+}
+
+/* ------------------------------------------------------------------- seal */
+
+void vmmt__desc_seal(uint8_t bytes[VMMT_DESC_SIZE], const uint8_t key[VMMT__SEAL_KEY_BYTES])
+{
+    put_u64(bytes, OFF_SEAL, vmmt__seal_of(key, bytes, OFF_SEAL, VMMT_DESC_SIZE));
+}
+
+int vmmt__desc_check_seal(const uint8_t bytes[VMMT_DESC_SIZE],
+                          const uint8_t key[VMMT__SEAL_KEY_BYTES])
+{
+    uint64_t want = vmmt__seal_of(key, bytes, OFF_SEAL, VMMT_DESC_SIZE);
+
+    if (get_u64(bytes, OFF_SEAL) == want) return VMMT_OK;
+    return vmmt__fail(VMMT_EPROTO,
+                      "descriptor seal 0x%016" PRIx64 " does not match its pool (slot %" PRIu32
+                      " generation %" PRIu32 "): the record was changed after its producer "
+                      "wrote it, or made by a process that never held the pool; hand out "
+                      "descriptors exactly as vmmt_publish returned them (nothing was copied or "
+                      "acknowledged)",
+                      get_u64(bytes, OFF_SEAL), get_u32(bytes, OFF_SLOT),
+                      get_u32(bytes, OFF_GENERATION));
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "broker_addr.h"
+#include "seal.h"
 
 #include "vmmt.h"
 
@@ -19,7 +20,9 @@
 #define VMMT__MAX_CONSUMERS 256
 /* Slots of a control table at most (max_slices), for writer and reader alike. */
 #define VMMT__MAX_TABLE_SLOTS (1u << 20)
-#define VMMT__MAX_PACK        64 /* buffers of one packed group: a reader tracks them in 64 bits */
+/* The pool record after a table's rows (ctrl.h's VMMT__CTRL_RECORD_BYTES, which must match). */
+#define VMMT__DESC_TABLE_RECORD_BYTES 32u
+#define VMMT__MAX_PACK                64 /* buffers of one packed group: a reader tracks them in 64 bits */
 
 /* flags */
 #define VMMT__DESC_STREAM_ORDERED 1u /* the consumer waits for the ready word on its stream */
@@ -67,6 +70,7 @@ struct vmmt__desc {
     uint64_t chunk_size;          /* elastic pools: bytes per chunk; 0 otherwise */
     uint32_t chunk, incarnation;  /* the chunk the buffer starts in, and which making of it */
     uint32_t memory_location;     /* 0 device memory, 1 host memory */
+    uint64_t seal;                /* seal.h: written by vmmt__desc_seal over the encoded bytes */
 };
 
 /* Writes d as it is, reserved bytes zero; check it first with vmmt__desc_validate. */
@@ -106,6 +110,17 @@ int vmmt__desc_check(const struct vmmt__desc *d, int status, const char *advice)
 
 /* Element size ceil(bits * lanes / 8) rounded up to a power of two, capped at 256. */
 uint64_t vmmt__desc_elem_align(uint8_t bits, uint16_t lanes);
+
+/* Producer: write the seal of an encoded record under the pool's key (seal.h). */
+void vmmt__desc_seal(uint8_t bytes[VMMT_DESC_SIZE], const uint8_t key[VMMT__SEAL_KEY_BYTES]);
+
+/*
+ * Reader: VMMT_OK if the record carries the seal `key` gives it, else
+ * VMMT_EPROTO. Checked before any field of the record is believed, by every
+ * consumer call and by the producer's cancel and commit.
+ */
+int vmmt__desc_check_seal(const uint8_t bytes[VMMT_DESC_SIZE],
+                          const uint8_t key[VMMT__SEAL_KEY_BYTES]);
 
 /*
  * Check a decoded descriptor against the one the pool was imported (or

@@ -137,11 +137,10 @@ int vmmt__host_pool_allocate(struct vmmt_pool *p)
 
 int vmmt__host_pool_table(struct vmmt_pool *p)
 {
-    struct vmmt__ctrl_geometry g = {p->slots, p->stride, (uint32_t)p->cfg.consumer_count};
     int st =
-        vmmt__ctrl_create_shared_unregistered(p->table_bytes + VMMT__CTRL_GEOMETRY_BYTES, &p->ctrl);
+        vmmt__ctrl_create_shared_unregistered(p->table_bytes + VMMT__CTRL_RECORD_BYTES, &p->ctrl);
 
-    if (st == VMMT_OK) vmmt__ctrl_put_geometry(&p->ctrl, p->table_bytes, &g);
+    if (st == VMMT_OK) st = vmmt__pool_put_record(p, (uint8_t *)p->ctrl.host + p->table_bytes);
     p->table_host = p->ctrl.host;
     p->ctrl_dev = 0; /* until a publish from device memory registers it */
     return st;

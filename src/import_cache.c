@@ -204,7 +204,7 @@ static int quiet(void *arg)
 static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
 {
     uint64_t table = (uint64_t)d->table_slots * d->slot_stride;
-    struct vmmt__ctrl_geometry g = {d->table_slots, d->slot_stride, d->consumer_count};
+    struct vmmt__ctrl_record rec = {d->table_slots, d->slot_stride, d->consumer_count, {0}};
     struct vmmt__broker_peer producer;
     int fd = -1, st;
 
@@ -214,7 +214,9 @@ static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct i
                                       &ip->link, &ip->pidfd);
     if (st == VMMT_OK)
         st = vmmt__ctrl_attach_shared(
-            fd, table + vmmt__elastic_words_bytes(d->alloc_size, d->chunk_size), &g, 0, &ip->ctrl);
+            fd, table + vmmt__elastic_words_bytes(d->alloc_size, d->chunk_size), &rec, 0,
+            &ip->ctrl);
+    if (st == VMMT_OK) memcpy(ip->seal_key, rec.key, sizeof ip->seal_key);
     if (fd >= 0) close(fd);
     if (st == VMMT_OK)
         st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, quiet, ip, &ip->chunks);
@@ -251,9 +253,10 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
         st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
     t2 = vmmt__now_us();
     if (st == VMMT_OK && ip->host_table) {
-        struct vmmt__ctrl_geometry g = {d->table_slots, d->slot_stride, d->consumer_count};
-        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, &g, 0,
+        struct vmmt__ctrl_record rec = {d->table_slots, d->slot_stride, d->consumer_count, {0}};
+        st = vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, &rec, 0,
                                       &ip->ctrl);
+        if (st == VMMT_OK) memcpy(ip->seal_key, rec.key, sizeof ip->seal_key);
         if (st != VMMT_OK) {
             struct vmmt__saved_error e;
             vmmt__error_save(&e);
@@ -278,6 +281,34 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
               "attach of pool from pid %d: broker %.1f us, import+map+access %.1f us, "
               "control table %.1f us",
               d->producer_pid, t1 - t0, t2 - t1, vmmt__now_us() - t2);
+    return st;
+}
+
+/*
+ * A device table's pool record (ctrl.h), after its rows in the allocation:
+ * its geometry against the descriptor's, and the seal key. The descriptor's
+ * own check put the record before data_offset, inside the allocation.
+ */
+static int read_device_record(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
+{
+    struct vmmt__ctrl_record rec = {d->table_slots, d->slot_stride, d->consumer_count, {0}};
+    CUdeviceptr at = ip->table + (uint64_t)d->table_slots * d->slot_stride;
+    struct timespec until;
+    int st;
+
+    vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
+    st = vmmt__ctx_enter(ip->device);
+    if (st != VMMT_OK) return st;
+    pthread_mutex_lock(&ip->poll_lock);
+    st = vmmt__table_open_poll(ip);
+    if (st == VMMT_OK)
+        st = vmmt__table_read_words(ip, at, VMMT__CTRL_RECORD_BYTES / 4, &until, c->cfg.timeout_ms);
+    if (st == VMMT_OK)
+        st = vmmt__ctrl_record_check((const uint8_t *)ip->poll_word, &rec,
+                                     "the control table in the pool's memory");
+    pthread_mutex_unlock(&ip->poll_lock);
+    vmmt__ctx_leave();
+    if (st == VMMT_OK) memcpy(ip->seal_key, rec.key, sizeof ip->seal_key);
     return st;
 }
 
@@ -316,10 +347,15 @@ static int import_pool(vmmt_consumer *c, const struct vmmt__desc *d, int device,
     ip->table = ip->host_table ? 0 : ip->map.base + d->table_offset;
     /* After the import, which checked table_slots against what the producer really serves. */
     if (st == VMMT_OK) {
-        ip->slots = calloc(d->table_slots, sizeof *ip->slots);
-        if (ip->slots == NULL) {
+        int kept = ip->host_table ? VMMT_OK : read_device_record(c, d, ip);
+        if (kept == VMMT_OK) {
+            ip->slots = calloc(d->table_slots, sizeof *ip->slots);
+            if (ip->slots == NULL)
+                kept = vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot states", d->table_slots);
+        }
+        if (kept != VMMT_OK) {
             struct vmmt__saved_error e;
-            st = vmmt__fail(VMMT_ENOMEM, "no host memory for %u slot states", d->table_slots);
+            st = kept;
             vmmt__error_save(&e);
             if (release_pool(ip) != VMMT_OK) retire_failed(c, ip, "releasing an import in vain of");
             vmmt__error_restore(&e);
@@ -468,19 +504,27 @@ static int producer_gone(const struct vmmt__desc *d)
                       d->producer_pid);
 }
 
-int vmmt__cache_get(struct vmmt_consumer *c, const struct vmmt__desc *d, int device,
-                    struct imported **out)
+int vmmt__cache_get(struct vmmt_consumer *c, const uint8_t bytes[VMMT_DESC_SIZE],
+                    const struct vmmt__desc *d, int device, struct imported **out)
 {
+    struct imported **link = NULL;
     int st;
 
     *out = find(c, d->pool_id, device, NULL);
     if (*out != NULL) {
-        st = vmmt__desc_check_pool(d, &(*out)->geometry);
+        st = vmmt__desc_check_seal(bytes, (*out)->seal_key);
+        if (st == VMMT_OK) st = vmmt__desc_check_pool(d, &(*out)->geometry);
         if (st == VMMT_OK && vmmt__cache_producer_gone(c, *out, 0)) st = producer_gone(d);
     } else if (vmmt__cache_known_dead(c, d->pool_id)) {
         return producer_gone(d);
     } else {
         st = import_pool(c, d, device, out);
+        /* The import's record of the pool is this descriptor: it must be the producer's. */
+        if (st == VMMT_OK && (st = vmmt__desc_check_seal(bytes, (*out)->seal_key)) != VMMT_OK) {
+            find(c, d->pool_id, device, &link);
+            let_go(c, link, "letting go of a pool imported with a forged descriptor,");
+            *out = NULL;
+        }
     }
     /* Here, on every call, not once the consume succeeds: one that fails from here
      * on (a stale descriptor) has still imported its pool. Not the pool asked for:

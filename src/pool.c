@@ -184,6 +184,20 @@ static int allocate(struct vmmt_pool *p)
 }
 
 /*
+ * The pool record (ctrl.h) into `out`: where a shared table keeps it, or a
+ * buffer bound for a device table. Put through the readers' validator, so
+ * that the producer never serves a record its consumers would refuse.
+ */
+int vmmt__pool_put_record(const struct vmmt_pool *p, uint8_t out[VMMT__CTRL_RECORD_BYTES])
+{
+    struct vmmt__ctrl_record r = {p->slots, p->stride, (uint32_t)p->cfg.consumer_count, {0}};
+
+    memcpy(r.key, p->seal_key, sizeof r.key);
+    vmmt__ctrl_record_encode(&r, out);
+    return vmmt__ctrl_record_check(out, &r, "the pool record just written");
+}
+
+/*
  * A POSIX_FD device pool's shared host table, made before the layout because
  * where the table lives decides where the data starts. Where memfd_create is
  * refused (a container's seccomp profile, say), a fixed pool keeps its table
@@ -193,10 +207,10 @@ static int allocate(struct vmmt_pool *p)
 static int make_shared_table(struct vmmt_pool *p)
 {
     uint64_t words = p->el ? vmmt__elastic_words_bytes(p->map.size, p->el->chunk) : 0;
-    struct vmmt__ctrl_geometry g = {p->slots, p->stride, (uint32_t)p->cfg.consumer_count};
-    int st = vmmt__ctrl_create_shared(p->table_bytes + words + VMMT__CTRL_GEOMETRY_BYTES, &p->ctrl);
+    int st = vmmt__ctrl_create_shared(p->table_bytes + words + VMMT__CTRL_RECORD_BYTES, &p->ctrl);
 
-    if (st == VMMT_OK) vmmt__ctrl_put_geometry(&p->ctrl, p->table_bytes + words, &g);
+    if (st == VMMT_OK)
+        st = vmmt__pool_put_record(p, (uint8_t *)p->ctrl.host + p->table_bytes + words);
     p->table_host = p->ctrl.host;
     p->ctrl_dev = p->ctrl.dev;
     if (st != VMMT_ENOTSUP) return st;
@@ -224,7 +238,8 @@ static int layout(struct vmmt_pool *p)
     if (p->host_table && !p->host_mem && (st = make_shared_table(p)) != VMMT_OK) return st;
     if (p->host_table)
         data = 0; /* the whole allocation is data */
-    else if (vmmt__align_up(p->table_bytes, VMMT__DATA_ALIGN, &data) != VMMT_OK)
+    else if (vmmt__align_up(p->table_bytes + VMMT__CTRL_RECORD_BYTES, VMMT__DATA_ALIGN, &data) !=
+             VMMT_OK)
         return VMMT_EINVAL;
     p->data_offset = data;
     if (p->data_offset + VMMT__DATA_ALIGN > p->map.size)
@@ -256,10 +271,11 @@ static int alloc_host_state(struct vmmt_pool *p)
 }
 
 /* The pool's stream, and its zeroed control table: shared host memory (a device pool's was made
- * with the layout), or device memory and a pinned copy. */
+ * with the layout), or device memory, its pool record after the rows, and a pinned copy. */
 static int setup_stream(struct vmmt_pool *p)
 {
     const struct vmmt_drv *d = vmmt__drv();
+    uint8_t record[VMMT__CTRL_RECORD_BYTES];
     int st;
 
     if (p->host_mem) {
@@ -278,7 +294,11 @@ static int setup_stream(struct vmmt_pool *p)
     p->ctrl_dev = p->map.base;
     st = VMMT_CU(d, cuMemAllocHost((void **)&p->table_host, p->table_bytes));
     if (st != VMMT_OK) return st;
-    st = VMMT_CU(d, cuMemsetD8Async(p->map.base, 0, p->table_bytes, p->stream));
+    st = vmmt__pool_put_record(p, record);
+    if (st == VMMT_OK) st = VMMT_CU(d, cuMemsetD8Async(p->map.base, 0, p->table_bytes, p->stream));
+    if (st == VMMT_OK)
+        st = VMMT_CU(
+            d, cuMemcpyHtoDAsync(p->map.base + p->table_bytes, record, sizeof record, p->stream));
     if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
     return st;
 }
@@ -396,7 +416,7 @@ static int copy_config(struct vmmt_pool *p, const vmmt_pool_config *c)
     p->host_mem = c->memory_location == VMMT_MEMORY_HOST;
     if (getrandom(p->tmpl.pool_id, sizeof p->tmpl.pool_id, 0) != (ssize_t)sizeof p->tmpl.pool_id)
         return vmmt__sys_fail("getrandom for the pool id");
-    return VMMT_OK;
+    return vmmt__seal_key_new(p->seal_key);
 }
 
 /* Undo whatever part of creation succeeded; used by create and shutdown alike. */

@@ -67,6 +67,8 @@ struct vmmt_pool {
     struct vmmt__broker *broker;
     CUmemFabricHandle fabric;
     struct vmmt__desc tmpl; /* pool-wide descriptor fields */
+    uint8_t
+        seal_key[VMMT__SEAL_KEY_BYTES]; /* seals every descriptor (seal.h); in the pool record */
 
     uint32_t slots, stride;
     uint64_t table_bytes, data_offset;
@@ -163,6 +165,9 @@ uint32_t vmmt__pool_sweep_locked(struct vmmt_pool *p);
 int vmmt__pool_retire_now(struct vmmt_pool *p, uint32_t slot);
 /* The same for a publish's PENDING word in a device table (its CPU-side store otherwise). */
 int vmmt__pool_pending_now(struct vmmt_pool *p, uint32_t slot);
+
+/* The pool record (ctrl.h) of p into out, checked by the readers' validator. */
+int vmmt__pool_put_record(const struct vmmt_pool *p, uint8_t out[VMMT__CTRL_RECORD_BYTES]);
 
 /* Read the control table into p->table_host; the caller is active or the recycler. */
 int vmmt__pool_read_table(struct vmmt_pool *p);

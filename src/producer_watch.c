@@ -339,6 +339,11 @@ int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
     pthread_mutex_lock(&c->lock);
     for (struct imported *ip = c->pools; ip != NULL && !failed; ip = ip->next) {
         if (memcmp(ip->geometry.pool_id, d.pool_id, 16) != 0) continue;
+        /* A record that is not the producer's says nothing about the pool's slots. */
+        if (vmmt__desc_check_seal(desc->bytes, ip->seal_key) != VMMT_OK) {
+            pthread_mutex_unlock(&c->lock);
+            return vmmt__wrap(VMMT_EPROTO, "vmmt_consumer_check");
+        }
         vmmt__cache_producer_gone(c, ip, 0);
         if (d.slot < ip->geometry.table_slots && ip->slots[d.slot].generation == d.generation &&
             ip->slots[d.slot].failed)

@@ -354,6 +354,7 @@ static void describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, con
     for (size_t i = 0; i < n; i++) {
         build(p, bufs, n, rel, i, slot, s->generation, s->slice_offset, s->slice_bytes, &d);
         vmmt__desc_encode(&d, out[i].bytes);
+        vmmt__desc_seal(out[i].bytes, p->seal_key);
     }
 }
 
@@ -414,7 +415,8 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
         return vmmt__fail(VMMT_EINVAL, "vmmt_cancel: pool and desc must not be NULL");
     st = vmmt__desc_decode(desc->bytes, &d);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_cancel");
-    st = vmmt__desc_check_pool(&d, &p->tmpl);
+    st = vmmt__desc_check_seal(desc->bytes, p->seal_key);
+    if (st == VMMT_OK) st = vmmt__desc_check_pool(&d, &p->tmpl);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_cancel: the descriptor is not from this pool");
     st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return st;

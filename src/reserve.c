@@ -39,6 +39,7 @@ int vmmt_reserve(vmmt_pool *p, uint64_t nbytes, vmmt_reservation *out)
         if (vmmt__desc_decode(out->token.bytes, &tok) == VMMT_OK) {
             tok.flags |= VMMT__DESC_TOKEN;
             vmmt__desc_encode(&tok, out->token.bytes);
+            vmmt__desc_seal(out->token.bytes, p->seal_key);
         }
         pthread_mutex_lock(&p->lock);
         p->slot[slot].state = SLOT_RESERVED;
@@ -58,6 +59,7 @@ static int take(struct vmmt_pool *p, const vmmt_reservation *res, uint32_t *slot
     int st;
 
     st = vmmt__desc_decode(res->token.bytes, &d);
+    if (st == VMMT_OK) st = vmmt__desc_check_seal(res->token.bytes, p->seal_key);
     if (st == VMMT_OK) st = vmmt__desc_check_pool(&d, &p->tmpl);
     if (st != VMMT_OK) return vmmt__wrap(st, "the reservation is not from this pool");
     pthread_mutex_lock(&p->lock);

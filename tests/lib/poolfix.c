@@ -11,6 +11,7 @@
 
 #include "emu.h"
 #include "pattern.h"
+#include "pool_internal.h"
 
 int on_emu(void)
 {
@@ -255,4 +256,9 @@ int read_reply(int sock, uint32_t i)
 void expect_reply(int sock, uint32_t i)
 {
     assert_int_equal(read_reply(sock, i), VMMT_OK);
+}
+
+void reseal(vmmt_pool *p, vmmt_desc *d)
+{
+    vmmt__desc_seal(d->bytes, p->seal_key);
 }

@@ -53,6 +53,14 @@ void tu_roundtrip(struct fixture *f, size_t n, uint32_t i);
 void sleep_ms(long ms);
 
 /*
+ * Seal d again with p's key after a test changed it: a forgery by a process
+ * that holds the key (one that imported the pool), so that the checks
+ * behind the seal are what the test reaches. A forgery without the key is
+ * refused by the seal itself (tests/unit/test_seal.c).
+ */
+void reseal(vmmt_pool *p, vmmt_desc *d);
+
+/*
  * A consumer process (tests/children/consumer_child) for ranks [first,
  * first + count) on `device`, talking over *sock: send_desc hands it a
  * descriptor to consume as buffer i (NULL with i = UINT32_MAX: exit),

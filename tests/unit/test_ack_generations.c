@@ -46,7 +46,8 @@ static void short_consumer(struct fixture *f, int timeout_ms)
 }
 
 /* The same descriptor with another generation: a forgery, or a replay of a stale one. */
-static vmmt_desc with_generation(const vmmt_desc *d, uint32_t gen)
+/* d at another generation, sealed again: a key holder's forgery (poolfix.h, reseal). */
+static vmmt_desc with_generation(vmmt_pool *p, const vmmt_desc *d, uint32_t gen)
 {
     struct vmmt__desc raw;
     vmmt_desc out;
@@ -54,6 +55,7 @@ static vmmt_desc with_generation(const vmmt_desc *d, uint32_t gen)
     assert_vmmt_ok(vmmt__desc_decode(d->bytes, &raw));
     raw.generation = gen;
     vmmt__desc_encode(&raw, out.bytes);
+    reseal(p, &out);
     return out;
 }
 
@@ -173,7 +175,7 @@ static void test_forged_one_ahead(void **state)
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     /* The slot is free; a descriptor of its next occupant does not exist yet. */
-    forged = with_generation(&d1, vmmt__next_generation(gen_of(&d1)));
+    forged = with_generation(f->pool, &d1, vmmt__next_generation(gen_of(&d1)));
     assert_int_not_equal(vmmt_consumer_ack(f->consumer, &forged, 0, f->stream, VMMT_ALL_RANKS, 0),
                          VMMT_OK);
     /* The next occupant takes that slot and generation ... */
@@ -203,8 +205,8 @@ static void test_forged_far_ahead(void **state)
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
     /* Far ahead of two occupants, and one behind: refused at once, nothing written. */
     for (int i = 0; i < 2; i++) {
-        vmmt_desc far = with_generation(&d[i], gen_of(&d[i]) + 1000);
-        vmmt_desc behind = with_generation(&d[i], gen_of(&d[i]) + 0x80000000u);
+        vmmt_desc far = with_generation(f->pool, &d[i], gen_of(&d[i]) + 1000);
+        vmmt_desc behind = with_generation(f->pool, &d[i], gen_of(&d[i]) + 0x80000000u);
         assert_int_equal(vmmt_consumer_ack(f->consumer, &far, 0, f->stream, VMMT_ALL_RANKS, 0),
                          VMMT_ESTATE);
         assert_error_contains("names no live occupant of the slot");
@@ -254,7 +256,8 @@ static void test_forged_across_processes(void **state)
             assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d[i]));
         }
         for (uint32_t i = 0; i < 4; i++, idx++) {
-            vmmt_desc forged = with_generation(&d[i], gen_of(&d[i]) + (i % 2 ? 1000 : 0x80000000u));
+            vmmt_desc forged =
+                with_generation(f->pool, &d[i], gen_of(&d[i]) + (i % 2 ? 1000 : 0x80000000u));
             send_desc(sock, idx, &forged);
             assert_int_equal(read_reply(sock, idx), VMMT_ESTATE);
             send_desc(sock, idx, &d[i]);
@@ -641,7 +644,7 @@ static void op_forge(struct model *m)
     for (int i = 0; i < m->count; i++)
         if (m->r[i].slot == x->slot && m->r[i].gen == gen && m->r[i].live) live_same = 1;
     if (live_same) return; /* that is no forgery */
-    forged = with_generation(&x->d, gen);
+    forged = with_generation(f->pool, &x->d, gen);
     if (rnd() % 2)
         st = vmmt_consumer_ack(f->consumer, &forged, 0, f->stream, VMMT_ALL_RANKS, 0);
     else
@@ -672,7 +675,7 @@ static void op_forge_next(struct model *m)
         if (m->r[i].gen == m->last_gen[slot]) x = &m->r[i];
     }
     if (x == NULL) return;
-    forged = with_generation(&x->d, vmmt__next_generation(x->gen));
+    forged = with_generation(f->pool, &x->d, vmmt__next_generation(x->gen));
     assert_int_not_equal(vmmt_consumer_ack(m->quick, &forged, 0, f->stream, VMMT_ALL_RANKS, 0),
                          VMMT_OK);
     m->ops[6]++;

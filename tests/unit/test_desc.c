@@ -27,7 +27,7 @@ static struct vmmt__desc valid_fd(void)
     d.consumer_count = 2;
     d.alloc_size = 64 * MiB;
     d.table_offset = 0;
-    d.table_slots = 4096;
+    d.table_slots = 4094; /* 65504 bytes of rows, then the 32-byte pool record */
     d.slot_stride = 16;
     d.data_offset = 65536;
     d.slot = 70;
@@ -230,6 +230,7 @@ static void test_golden_bytes(void **state)
     d.table_slots = 0x00020304; /* distinct bytes show the order (at most 2^20) */
     d.alloc_size = 0x1122334455667788ull;
     d.shape[0] = -2;
+    d.seal = 0x0102030405060708ull;
     memset(b, 0xee, sizeof b);
     vmmt__desc_encode(&d, b);
 
@@ -265,7 +266,8 @@ static void test_golden_bytes(void **state)
     assert_memory_equal(b + 252, "\xe8\x03\x00\x00", 4); /* producer_uid 1000 */
     assert_memory_equal(b + 316, zero, 4);
     assert_memory_equal(b + 384, "\x88\x77\x66\x55\x44\x33\x22\x11", 8); /* producer_pidns */
-    assert_memory_equal(b + 392, zero, 120);
+    assert_memory_equal(b + 392, "\x08\x07\x06\x05\x04\x03\x02\x01", 8); /* seal */
+    assert_memory_equal(b + 400, zero, 112);
 }
 
 /* Garbage past the name's length never reaches the wire. */
@@ -333,7 +335,7 @@ static void test_reject_frame(void **state)
     expect_reject_bytes(b, "field size=256 is not 512");
 
     /* One byte of every reserved range, its first and its last. */
-    static const unsigned res[] = {20, 23, 214, 215, 316, 319, 392, 511};
+    static const unsigned res[] = {20, 23, 214, 215, 316, 319, 400, 511};
     for (size_t i = 0; i < sizeof res / sizeof res[0]; i++) {
         char text[64];
         memcpy(b, good, sizeof b);
@@ -344,7 +346,7 @@ static void test_reject_frame(void **state)
 
     /* Every reserved byte is checked, and with several set the message names the first
      * (all_zero compares a range at once, then a byte scan finds it). */
-    static const unsigned range[][2] = {{20, 4}, {214, 2}, {316, 4}, {392, 88}, {500, 12}};
+    static const unsigned range[][2] = {{20, 4}, {214, 2}, {316, 4}, {400, 80}, {500, 12}};
     for (size_t r = 0; r < sizeof range / sizeof range[0]; r++)
         for (unsigned i = range[r][0]; i < range[r][0] + range[r][1]; i++) {
             char text[64];
@@ -461,19 +463,22 @@ static void test_reject_geometry(void **state)
     d.table_offset = 2;
     expect_reject(&d, "table_offset=2 is not a multiple of 4");
     d.table_offset = d.alloc_size - 4;
-    expect_reject(&d, "table_offset=67108860 with 65536 table bytes");
+    expect_reject(&d, "table_offset=67108860 with 65504 table bytes");
     d.table_offset = UINT64_MAX - 3; /* the end would wrap to 65532 */
     expect_reject(&d, "does not fit in alloc_size=67108864");
 
     d = valid_fd();
     d.data_offset = 100;
-    expect_reject(&d, "data_offset=100 is not between the end of the control table (65536)");
+    expect_reject(&d, "data_offset=100 is not between the end of the control table and its pool "
+                      "record (65536)");
+    d.data_offset = 65535; /* after the rows, inside the record */
+    expect_reject(&d, "data_offset=65535 is not between");
     d.data_offset = d.alloc_size + 1;
     expect_reject(&d, "data_offset=67108865");
 
     d = valid_fd();
     d.slot = 70000;
-    expect_reject(&d, "slot=70000 is outside the control table (4096 slots)");
+    expect_reject(&d, "slot=70000 is outside the control table (4094 slots)");
     assert_error_contains("corrupt or belongs to another pool");
     d = valid_fd();
     d.slot = 4096;
@@ -744,15 +749,54 @@ static void test_inspect(void **state)
     assert_int_equal(vmmt_desc_inspect(&desc, NULL), VMMT_EINVAL);
 }
 
+/* SipHash-2-4's vectors from its paper (key 00..0f): the empty message, and 00..0e. */
+static void test_siphash_vectors(void **state)
+{
+    uint8_t key[16], msg[15];
+    (void)state;
+
+    for (int i = 0; i < 16; i++)
+        key[i] = (uint8_t)i;
+    for (int i = 0; i < 15; i++)
+        msg[i] = (uint8_t)i;
+    assert_true(vmmt__siphash24(key, msg, 0) == 0x726fdb47dd0e0e31ull);
+    assert_true(vmmt__siphash24(key, msg, 15) == 0xa129ca6149be45e5ull);
+}
+
+/* A record's seal covers every byte but its own, under the key it was made with only. */
+static void test_seal_covers_record(void **state)
+{
+    struct vmmt__desc d = valid_fd();
+    uint8_t b[VMMT_DESC_SIZE], key[16] = {1, 2, 3}, other[16] = {1, 2, 4};
+    (void)state;
+
+    vmmt__desc_encode(&d, b);
+    vmmt__desc_seal(b, key);
+    assert_int_equal(vmmt__desc_check_seal(b, key), VMMT_OK);
+    assert_int_equal(vmmt__desc_check_seal(b, other), VMMT_EPROTO);
+    assert_error_contains("does not match its pool");
+    for (size_t i = 0; i < VMMT_DESC_SIZE; i++) {
+        b[i] ^= 0x80;
+        assert_int_equal(vmmt__desc_check_seal(b, key), VMMT_EPROTO);
+        b[i] ^= 0x80;
+    }
+    /* Sealing again gives the same tag: the seal field is read as zero. */
+    uint8_t again[VMMT_DESC_SIZE];
+    memcpy(again, b, sizeof again);
+    vmmt__desc_seal(again, key);
+    assert_memory_equal(again, b, sizeof b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),      cmocka_unit_test(test_edge_cases_accepted),
-        cmocka_unit_test(test_golden_bytes),    cmocka_unit_test(test_encode_zeroes_name_tail),
-        cmocka_unit_test(test_reject_frame),    cmocka_unit_test(test_reject_handle),
-        cmocka_unit_test(test_reject_geometry), cmocka_unit_test(test_reject_extent),
-        cmocka_unit_test(test_reject_pack),     cmocka_unit_test(test_reject_tensor),
-        cmocka_unit_test(test_check_pool),      cmocka_unit_test(test_inspect),
+        cmocka_unit_test(test_round_trip),         cmocka_unit_test(test_edge_cases_accepted),
+        cmocka_unit_test(test_golden_bytes),       cmocka_unit_test(test_siphash_vectors),
+        cmocka_unit_test(test_seal_covers_record), cmocka_unit_test(test_encode_zeroes_name_tail),
+        cmocka_unit_test(test_reject_frame),       cmocka_unit_test(test_reject_handle),
+        cmocka_unit_test(test_reject_geometry),    cmocka_unit_test(test_reject_extent),
+        cmocka_unit_test(test_reject_pack),        cmocka_unit_test(test_reject_tensor),
+        cmocka_unit_test(test_check_pool),         cmocka_unit_test(test_inspect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

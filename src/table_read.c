@@ -1,0 +1,57 @@
+/*
+ * A consumer's reads of a device control table (FABRIC pools, and POSIX_FD
+ * pools made with device_control_table=1): through a stream and pinned words
+ * of the import's own, never the legacy stream, which would queue behind the
+ * application's work, and polled within a deadline, so that a stalled device
+ * fails the call instead of hanging it. Used for a slot's row (consume.c)
+ * and for the pool record at import (import_cache.c).
+ */
+#include <time.h>
+
+#include "clock.h"
+#include "consumer_internal.h"
+#include "driver.h"
+#include "status.h"
+
+/*
+ * Each is made only if missing: a failed cuMemAllocHost after the stream was
+ * created must not leave a pool that later reads think ready (the fault
+ * sweep caught reads into a NULL word).
+ */
+int vmmt__table_open_poll(struct imported *ip)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    int st = VMMT_OK;
+
+    if (ip->host_table) return VMMT_OK;
+    if (ip->poll_stream == NULL)
+        st = VMMT_CU(d, cuStreamCreate(&ip->poll_stream, CU_STREAM_NON_BLOCKING));
+    if (st == VMMT_OK && ip->poll_word == NULL)
+        st = VMMT_CU(d, cuMemAllocHost((void **)&ip->poll_word, 4u * VMMT__POLL_WORDS));
+    return st;
+}
+
+int vmmt__table_read_words(const struct imported *ip, CUdeviceptr word, uint32_t words,
+                           const struct timespec *until, int timeout_ms)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    struct timespec pause = {0, 10000};
+    CUresult r;
+
+    if (words > VMMT__POLL_WORDS)
+        return vmmt__fail(VMMT_EINVAL, "%u control table words asked at once, at most %d", words,
+                          VMMT__POLL_WORDS);
+    r = d->cuMemcpyDtoHAsync(ip->poll_word, word, 4u * words, ip->poll_stream);
+    if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "reading the control table");
+    for (;;) {
+        r = d->cuStreamQuery(ip->poll_stream);
+        if (r != CUDA_ERROR_NOT_READY) break;
+        if (vmmt__deadline_passed(until))
+            return vmmt__fail(VMMT_ETIMEDOUT,
+                              "reading the producer's control table took more than %d ms; the "
+                              "device is busy or stalled",
+                              timeout_ms);
+        nanosleep(&pause, NULL);
+    }
+    return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "reading the control table");
+}
