@@ -301,8 +301,8 @@ static int check_occupant(vmmt_consumer *c, struct request *rq)
     if (acked != UINT32_MAX)
         return vmmt__fail(VMMT_ESTATE,
                           "descriptor for slot %u generation %u was already acknowledged for "
-                          "rank %u (by this process or another of that rank); nothing was "
-                          "acknowledged again",
+                          "rank %u (by this process or another of that rank), or cancelled by "
+                          "its producer; nothing was acknowledged again",
                           rq->d.slot, gen, acked);
     return VMMT_OK;
 }

@@ -166,6 +166,15 @@ int vmmt__pool_retire_now(struct vmmt_pool *p, uint32_t slot);
 /* The same for a publish's PENDING word in a device table (its CPU-side store otherwise). */
 int vmmt__pool_pending_now(struct vmmt_pool *p, uint32_t slot);
 
+/*
+ * A cancelled slot's acknowledgement words, every rank's, to its generation
+ * (recycle.c): CPU stores into a shared table, lock held; or, for a device
+ * table, stream writes waited for, neither lock held (VMMT_OK too when the
+ * occupant has left meanwhile).
+ */
+void vmmt__pool_cancel_acks_locked(struct vmmt_pool *p, uint32_t slot);
+int vmmt__pool_cancel_acks_now(struct vmmt_pool *p, uint32_t slot, uint32_t gen);
+
 /* The pool record (ctrl.h) of p into out, checked by the readers' validator. */
 int vmmt__pool_put_record(const struct vmmt_pool *p, uint8_t out[VMMT__CTRL_RECORD_BYTES]);
 

@@ -409,7 +409,7 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
 {
     struct vmmt__desc d;
     struct vmmt__slot *s;
-    int st, reclaim_now = 0;
+    int st, reclaim_now = 0, device_acks = 0;
 
     if (p == NULL || desc == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_cancel: pool and desc must not be NULL");
@@ -442,15 +442,21 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
         /* (A token names the reservation, which its commit ended: the published
          * descriptor, perhaps out with consumers already, is not the token's to take.) */
         p->cancelled++;
-        /* The recycler retires it and frees the slice once the ready word
-         * shows the copy finished (at once for a synchronous hand-off); a
-         * consumer is refused from then on. */
+        /* Refused by consumers once this returns: every rank's acknowledgement
+         * word holds the generation (recycle.c). The recycler retires it and
+         * frees the slice once the ready word shows the copy finished (at once
+         * for a synchronous hand-off). */
         s->state = SLOT_CANCELLED;
+        if (p->host_table)
+            vmmt__pool_cancel_acks_locked(p, d.slot);
+        else
+            device_acks = 1;
         if (p->handoff == VMMT_HANDOFF_SYNC) reclaim_now = 1;
     }
     pthread_mutex_unlock(&p->lock);
+    if (device_acks) st = vmmt__pool_cancel_acks_now(p, d.slot, d.generation);
     /* A synchronous hand-off's copy landed: the slice is free when this returns. */
-    if (reclaim_now) st = vmmt__pool_reclaim(p, NULL);
+    if (reclaim_now && st == VMMT_OK) st = vmmt__pool_reclaim(p, NULL);
     vmmt__pool_leave(p);
     return st;
 }

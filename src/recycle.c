@@ -199,6 +199,54 @@ int vmmt__pool_pending_now(struct vmmt_pool *p, uint32_t slot)
     return write_ready_now(p, slot, 1);
 }
 
+/*
+ * A cancelled occupant's acknowledgement words, every rank's, hold its
+ * generation before vmmt_cancel returns: a consumer refuses an occupant its
+ * ranks acknowledged whatever the ready word says, and the publish's ready
+ * write, which may still be queued on the caller's stream, writes only the
+ * ready word; so the descriptor is refused from then on, by every process.
+ * (A RETIRED ready word written now would be overwritten by that queued
+ * write; before, a cancelled descriptor was consumed with OK until the
+ * recycler retired it, tests/unit/test_occupancy.c.) Shared table: CPU
+ * stores, lock held.
+ */
+void vmmt__pool_cancel_acks_locked(struct vmmt_pool *p, uint32_t slot)
+{
+    uint32_t gen = p->slot[slot].generation;
+
+    for (int r = 0; r < p->cfg.consumer_count; r++)
+        __atomic_store_n(p->table_host + vmmt__ctrl_ack(0, p->stride, slot, (uint32_t)r) / 4, gen,
+                         __ATOMIC_RELEASE);
+}
+
+int vmmt__pool_cancel_acks_now(struct vmmt_pool *p, uint32_t slot, uint32_t gen)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    int st, sw, here;
+
+    /* Under reclaim_lock no reclaim frees the slot, so it keeps this occupant throughout. */
+    pthread_mutex_lock(&p->reclaim_lock);
+    pthread_mutex_lock(&p->lock);
+    here = p->slot[slot].generation == gen && p->slot[slot].state == SLOT_CANCELLED;
+    pthread_mutex_unlock(&p->lock);
+    st = here ? vmmt__ctx_enter(p->device) : VMMT_OK;
+    if (!here || st != VMMT_OK) {
+        pthread_mutex_unlock(&p->reclaim_lock);
+        return st;
+    }
+    for (int r = 0; st == VMMT_OK && r < p->cfg.consumer_count; r++)
+        st = VMMT_CU(d, cuStreamWriteValue32(
+                            p->stream, vmmt__ctrl_ack(p->ctrl_dev, p->stride, slot, (uint32_t)r),
+                            gen, CU_STREAM_WRITE_VALUE_DEFAULT));
+    sw = wait_stream(p);
+    if (st == VMMT_OK) st = sw;
+    vmmt__ctx_leave();
+    pthread_mutex_unlock(&p->reclaim_lock);
+    return st == VMMT_OK
+               ? st
+               : vmmt__wrap(st, "writing the acknowledgement words of cancelled slot %u", slot);
+}
+
 int vmmt__pool_read_table(struct vmmt_pool *p)
 {
     const struct vmmt_drv *d = vmmt__drv();

@@ -81,7 +81,7 @@ static const char *const kind_names[K_COUNT] = {"host_table", "device_table", "s
     X(forged, "forgeries sent", 1)                                                                 \
     X(forged_invalid, "invalid forgeries refused", 1)                                              \
     X(forged_valid_refused, "valid forgeries refused", 1)                                          \
-    X(forged_ok, "valid forgeries OK (naming a live occupant)", 0)                                 \
+    X(forged_ok, "forgeries OK (a finding: records are sealed)", 0)                                \
     X(forged_ahead, "forgeries ahead of their slot refused", 1)                                    \
     X(forged_geometry, "forged geometries refused", 1)                                             \
     X(token, "reservation tokens refused by consumers", 1)                                         \

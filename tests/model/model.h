@@ -27,7 +27,8 @@
 /* Once the pool ended (shut down, producer dead): what a consumer may hear. */
 #define M_END_REFUSALS                                                                             \
     (M_A(VMMT_ESTATE) | M_A(VMMT_ECLOSED) | M_A(VMMT_EFAILED) | M_A(VMMT_ESYS) |                   \
-     M_A(VMMT_EPROTO) | M_A(VMMT_ETIMEDOUT) | M_A(VMMT_ECUDA) | M_A(VMMT_EPERM))
+     M_A(VMMT_EPROTO) | M_A(VMMT_ETIMEDOUT) | M_A(VMMT_ECUDA) | M_A(VMMT_EPERM) |                  \
+     M_A(VMMT_ENOTSUP))
 
 enum m_state { M_LIVE = 1, M_DONE, M_CANCELLED };
 enum m_end { M_OPEN = 0, M_SHUT, M_DEAD };

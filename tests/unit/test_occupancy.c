@@ -218,6 +218,71 @@ static void test_ahead_device_table_sync(void **state)
     ahead(*state, 1, VMMT_HANDOFF_SYNC);
 }
 
+/*
+ * A cancelled descriptor is refused from the moment vmmt_cancel returns,
+ * by every consumer, whether its copy had landed or was still queued (the
+ * model test, seed 1000: consumed with OK after a cancel, before the
+ * recycler retired the slot; its slice could then hold another buffer's
+ * bytes under a copy still queued). The recycler is kept away so that
+ * nothing but the cancel can make the refusal.
+ */
+static void cancelled(struct fixture *f, int device_table, int landed)
+{
+    vmmt_pool_config c = config(4 * MiB, 2);
+    vmmt_buffer b = bytes(f->src, N);
+    vmmt_consumer *other;
+    struct gate g;
+    vmmt_desc d;
+
+    c.max_slices = 4;
+    c.device_control_table = device_table;
+    c.recycle_interval_us = 60u * 1000 * 1000;
+    c.handoff = VMMT_HANDOFF_STREAM;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &other));
+    put(f, f->src, N, 6);
+    if (!landed) gate_close(&g, f->stream);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    if (landed) sync_stream(f);
+    assert_vmmt_ok(vmmt_cancel(f->pool, &d));
+    assert_int_equal(consume_all(f, f->consumer, &d), VMMT_ESTATE);
+    assert_int_equal(vmmt_consume(other, &d, 0, f->dst, f->cap, f->stream, 1, 1), VMMT_ESTATE);
+    assert_int_equal(vmmt_consumer_ack(other, &d, 0, f->stream, 0, 1), VMMT_ESTATE);
+    if (!landed) {
+        gate_open_later(&g, 20);
+        gate_free(&g);
+    }
+    sync_stream(f);
+    /* Once the copy landed the slice is free; the descriptor stays refused. */
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).in_flight, 0);
+    assert_int_equal(consume_all(f, f->consumer, &d), VMMT_ESTATE);
+    vmmt_consumer_destroy(other);
+}
+
+static void test_cancelled_landed_host_table(void **state)
+{
+    cancelled(*state, 0, 1);
+}
+
+static void test_cancelled_queued_host_table(void **state)
+{
+    if (pool_kind_host()) skip(); /* a host pool's copy is a memcpy: never queued */
+    cancelled(*state, 0, 0);
+}
+
+static void test_cancelled_landed_device_table(void **state)
+{
+    if (pool_kind_host()) skip();
+    cancelled(*state, 1, 1);
+}
+
+static void test_cancelled_queued_device_table(void **state)
+{
+    if (pool_kind_host()) skip();
+    cancelled(*state, 1, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -230,6 +295,10 @@ int main(void)
         T(test_ahead_host_table),
         T(test_ahead_device_table_stream),
         T(test_ahead_device_table_sync),
+        T(test_cancelled_landed_host_table),
+        T(test_cancelled_queued_host_table),
+        T(test_cancelled_landed_device_table),
+        T(test_cancelled_queued_device_table),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
