@@ -81,7 +81,9 @@ struct m_inst {
 
 struct m_copy {
     int rec, member;
-    int expect; /* the status vmmt_consumer_check must give */
+    int expect;     /* the status vmmt_consumer_check must give */
+    unsigned ranks; /* the ranks it was copied for */
+    uint64_t at;    /* model clock then: a release of one of them after it lets check fail */
 };
 
 struct m_seat {
