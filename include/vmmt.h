@@ -261,7 +261,9 @@ typedef struct vmmt_desc_info {
 
 /*
  * Decode and validate a descriptor without touching any device: VMMT_EPROTO,
- * naming the field and what was wrong, for anything inconsistent.
+ * naming the field and what was wrong, for anything inconsistent. The seal
+ * (docs/descriptor.md) needs the pool's key, so only consumers of the pool
+ * and its producer check it.
  */
 VMMT_API int vmmt_desc_inspect_size(const vmmt_desc *desc, vmmt_desc_info *out, size_t out_size);
 static inline int vmmt_desc_inspect(const vmmt_desc *desc, vmmt_desc_info *out)
@@ -446,7 +448,11 @@ static inline int vmmt_publish(vmmt_pool *pool, const vmmt_buffer *buf, void *st
 /*
  * Take back a descriptor that was never handed to a consumer. Idempotent:
  * cancelling another member of the same packed group, or the same
- * descriptor again, succeeds and does nothing.
+ * descriptor again, succeeds and does nothing. From the moment it returns
+ * every consumer refuses the descriptor (VMMT_ESTATE), should it be handed
+ * out by mistake; its slice is free once the publish's copy has landed.
+ * VMMT_EPROTO for a descriptor altered after vmmt_publish returned it (its
+ * seal fails) or from another pool.
  */
 VMMT_API int vmmt_cancel(vmmt_pool *pool, const vmmt_desc *desc);
 
@@ -638,8 +644,11 @@ static inline int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_
  * the descriptor cannot be consumed again. A wait for the ready flag that
  * failed, or an acknowledgement that could not be written, acknowledges
  * nothing: the call may be retried. dst must not be 0, and dst + nbytes must
- * not wrap. A descriptor whose slot no longer shows it live (cancelled,
- * recycled, released for dead ranks, or forged), or that any of the ranks
+ * not wrap. A descriptor changed in any byte after vmmt_publish returned it,
+ * or made by a process that never held the pool, fails its seal:
+ * VMMT_EPROTO, nothing imported, copied or written. A descriptor whose slot
+ * no longer shows it live (cancelled, recycled, released for dead ranks),
+ * or that any of the ranks
  * asked for has already consumed or acknowledged, in this process or any
  * other, is VMMT_ESTATE, and nothing is written; one whose producer died
  * before its bytes landed is VMMT_ECLOSED.

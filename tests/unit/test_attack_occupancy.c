@@ -136,7 +136,7 @@ static void member_1_after_reuse(struct fixture *f, const vmmt_desc pair[2], con
  *
  * vmmt.h promises VMMT_ESTATE for "a descriptor whose slot no longer shows it
  * live (cancelled, recycled, ...)". The consumer trusts its own memory of the
- * occupant instead (Invariant 1 says occupancy is never read from a
+ * occupant instead (Invariant 2 says occupancy is never read from a
  * process's own memory), so on a device table the consume says VMMT_OK and
  * the destination holds the later publish's bytes. A shared host table is
  * read every time: see the regression test below.
