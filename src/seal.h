@@ -21,7 +21,11 @@
 /* SipHash-2-4 of n bytes under a 16-byte key (Aumasson and Bernstein, 2012). */
 uint64_t vmmt__siphash24(const uint8_t key[VMMT__SEAL_KEY_BYTES], const uint8_t *in, size_t n);
 
-/* The tag of a 512-byte record, its seal field counted as zero. */
+/*
+ * The tag of a record of record_bytes (a multiple of 8), its 8-byte seal
+ * field at seal_offset (a multiple of 8) counted as zero: the SipHash-2-4
+ * of those bytes, computed in place.
+ */
 uint64_t vmmt__seal_of(const uint8_t key[VMMT__SEAL_KEY_BYTES], const uint8_t *record,
                        size_t seal_offset, size_t record_bytes);
 

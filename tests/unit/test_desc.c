@@ -780,6 +780,12 @@ static void test_seal_covers_record(void **state)
         assert_int_equal(vmmt__desc_check_seal(b, key), VMMT_EPROTO);
         b[i] ^= 0x80;
     }
+    /* The in-place tag is SipHash-2-4 of the record with its seal field zeroed. */
+    uint8_t zeroed[VMMT_DESC_SIZE];
+    memcpy(zeroed, b, sizeof zeroed);
+    memset(zeroed + 392, 0, 8);
+    assert_true(vmmt__seal_of(key, b, 392, VMMT_DESC_SIZE) ==
+                vmmt__siphash24(key, zeroed, sizeof zeroed));
     /* Sealing again gives the same tag: the seal field is read as zero. */
     uint8_t again[VMMT_DESC_SIZE];
     memcpy(again, b, sizeof again);
