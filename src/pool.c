@@ -296,9 +296,14 @@ static int setup_stream(struct vmmt_pool *p)
     if (st != VMMT_OK) return st;
     st = vmmt__pool_put_record(p, record);
     if (st == VMMT_OK) st = VMMT_CU(d, cuMemsetD8Async(p->map.base, 0, p->table_bytes, p->stream));
-    if (st == VMMT_OK)
-        st = VMMT_CU(
-            d, cuMemcpyHtoDAsync(p->map.base + p->table_bytes, record, sizeof record, p->stream));
+    /* Stream writes of the words' values, not a copy from `record`: a failed synchronize
+     * returns with the copy still queued, reading a stack frame gone by then. */
+    for (uint32_t i = 0; st == VMMT_OK && i < sizeof record / 4; i++) {
+        uint32_t w = (uint32_t)record[4 * i] | (uint32_t)record[4 * i + 1] << 8 |
+                     (uint32_t)record[4 * i + 2] << 16 | (uint32_t)record[4 * i + 3] << 24;
+        st = VMMT_CU(d, cuStreamWriteValue32(p->stream, p->map.base + p->table_bytes + 4 * i, w,
+                                             CU_STREAM_WRITE_VALUE_DEFAULT));
+    }
     if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
     return st;
 }
