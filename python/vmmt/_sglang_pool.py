@@ -180,11 +180,18 @@ class CudaVmmMemoryPool:
         # publish that finds no room reclaims first) and its recycler polls
         # the acknowledgements every millisecond, never slower than asked.
         recycle_us = max(1, min(_RECYCLE_US, int(self._recycle_interval * 1e6)))
+        extra = {}
+        if self.pool_kind == "elastic":
+            # Chunks of four units (the library's default) where the pool holds
+            # as many; a smaller pool grows one unit at a time.
+            chunk = granularity * max(1, min(4, allocation_size // granularity))
+            allocation_size = allocation_size // chunk * chunk
+            extra = {"elastic": True, "chunk_size": chunk}
         pool = vmmt.Pool(self.device_index, allocation_size, self.consumer_count,
                          handle_type=name, allow_posix_fallback=False,
                          timeout_ms=self._timeout_ms, recycle_interval_us=recycle_us,
                          memory_location="host" if self.pool_kind == "host" else "device",
-                         elastic=self.pool_kind == "elastic")
+                         **extra)
         try:
             # The pool's identity, read off a descriptor taken back at once: it
             # names the pool in the properties sglang's code reads.

@@ -15,7 +15,6 @@ members are views of one allocation, as sglang's are.
 """
 import operator
 import threading
-import weakref
 from functools import reduce
 
 import vmmt
@@ -248,20 +247,8 @@ def _member_layout(descs):
     return offsets, next_offset
 
 
-# Owners of this process by their first member's bytes: members unpickled
-# apart (in separate messages) still share one owner, so the group is
-# consumed once.
-_owners = weakref.WeakValueDictionary()
-
-
 def _owner_from_wire(state):
-    key = bytes(state["descriptors"][0])
-    with _lock:
-        owner = _owners.get(key)
-        if owner is None:
-            owner = _CudaVmmPackedTransportOwner(**state)
-            _owners[key] = owner
-    return owner
+    return _CudaVmmPackedTransportOwner(**state)
 
 
 class _CudaVmmPackedTransportOwner:
@@ -282,6 +269,9 @@ class _CudaVmmPackedTransportOwner:
         self._producer_cancelled = False
 
     def __reduce__(self):
+        # Members pickled together (one request) share one owner through
+        # pickle's memo; members unpickled apart get owners of their own, as
+        # two ranks served by one process must (each acknowledges for itself).
         return (_owner_from_wire, ({"descriptors": [bytes(d) for d in self.descriptors],
                                     "consumer_count": self.consumer_count,
                                     "fabric_handle": self.fabric_handle,
