@@ -162,3 +162,17 @@ def test_no_handle_type_names_every_cause():
     assert "no supported CUDA VMM allocation handle type" in out, out
     for name in ("FABRIC:", "POSIX_FD:", "NONE:"):
         assert name in out, out
+
+
+def test_a_host_pool_producer_makes_no_cuda_context():
+    out = run_child("""
+        import numpy as np
+        import emu_counters, vmmt.sglang as vs
+        pool = vs.CudaVmmMemoryPool(4 << 20, 0.05, 0, 1, allow_posix_fallback=True, pool="host")
+        proxies = [pool.wrap_tensor(np.ones(64)), *pool.wrap_tensors([np.ones(2), np.ones(3)])]
+        for p in proxies:
+            pool.cancel_proxy(p)
+        print("contexts", emu_counters.live_contexts())
+        pool.shutdown()
+        """)
+    assert "contexts 0" in out, out

@@ -130,9 +130,12 @@ class CudaVmmMemoryPool:
         self.posix_socket_path = None
         self.memory_pool = None  # vmmt lends no raw view of the pool's memory
 
-        self.handle_type, self._granularity = probe_device(self.device_index)
         if kind == "host":
-            self.handle_type = HandleType.POSIX_FD  # host memory is shared by fd only
+            # Host memory is shared by fd only, and the probe would make a CUDA
+            # context, which a host pool's producer never needs.
+            self.handle_type, self._granularity = HandleType.POSIX_FD, {}
+        else:
+            self.handle_type, self._granularity = probe_device(self.device_index)
         if self.handle_type == HandleType.NONE:
             raise RuntimeError("CUDA VMM multimodal transport found no shareable handle type on "
                                "device %d: only NONE works, whose allocations cannot be shared "
@@ -170,6 +173,8 @@ class CudaVmmMemoryPool:
 
     def _allocate(self, memory_size):
         name = "fabric" if self.use_fabric else "posix_fd"
+        # (A host pool has no probe: 2 MiB, the host-NUMA granularity of the
+        # H200 and the emulator; the library checks it again.)
         granularity = self._granularity.get(name, 2 << 20)
         allocation_size = memory_size // granularity * granularity
         if allocation_size == 0:
