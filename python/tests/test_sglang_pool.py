@@ -320,7 +320,8 @@ def test_torch_tensors_round_trip(clean):
         got = [p.reconstruct_on_target_device(0) for p in
                pickle.loads(pickle.dumps(pool.wrap_tensors([src, src[0]])))]
         assert torch.equal(got[0], src) and torch.equal(got[1], src[0])
-        assert got[0].untyped_storage().data_ptr() == got[1].untyped_storage().data_ptr()
+        storage = [getattr(g, "untyped_storage", g.storage)().data_ptr() for g in got]
+        assert storage[0] == storage[1]  # (untyped_storage: torch 2; storage: Debian's 1.13)
         with pytest.raises(NotImplementedError, match="meta tensor"):
             pool.wrap_tensor(torch.ones(16, device="meta"))
         big = torch.zeros(pool.allocation_size + 1, dtype=torch.uint8)
