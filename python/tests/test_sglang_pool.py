@@ -88,6 +88,31 @@ def test_acknowledgements_select_ranks_by_the_layout(clean):
         pool.shutdown()
 
 
+def test_acknowledge_ranks_named_outright(clean):
+    """sglang's newer proxies name the ranks (any order, not only a run)."""
+    pool = make_pool(consumer_count=4)
+    try:
+        proxy = pool.wrap_tensor(np.arange(4.0))
+        pickle.loads(pickle.dumps(proxy)).acknowledge_consumption(acknowledge_ranks=(2, 0, 3))
+        assert settle(pool), "rank 1 has not acknowledged"
+        pickle.loads(pickle.dumps(proxy)).release_without_reconstruction(acknowledge_ranks=[1])
+        assert settle(pool) == []
+        proxy = pool.wrap_tensor(np.arange(4.0))
+        t = pickle.loads(pickle.dumps(proxy)).reconstruct_on_target_device(
+            0, consumer_rank=2, acknowledge_ranks=(3, 2, 0, 1))
+        assert t.tolist() == [0.0, 1.0, 2.0, 3.0] and settle(pool) == []
+        packed = pickle.loads(pickle.dumps(pool.wrap_tensors([np.ones(2), np.zeros(3)])))
+        packed[1].reconstruct_on_target_device(0, acknowledge_ranks=(0, 1, 3, 2))
+        assert settle(pool) == []
+        for bad in ((), (0, 0), (4,), (True,)):
+            with pytest.raises(ValueError, match="acknowledge_ranks"):
+                pool.wrap_tensor(np.ones(1)).acknowledge_consumption(acknowledge_ranks=bad)
+        with pytest.raises(TypeError):
+            proxy.acknowledge_consumption(1, ranks=0)  # no silently ignored arguments
+    finally:
+        pool.shutdown()
+
+
 def test_without_a_layout_only_all_ranks_resolve(clean):
     pool = make_pool(consumer_count=2)
     try:

@@ -21,7 +21,7 @@ import vmmt
 
 from . import _sglang_arrays as arrays
 from . import _sglang_compat as compat
-from ._sglang_ranks import resolve
+from ._sglang_ranks import spans as rank_spans
 
 
 def _proxy_base():
@@ -84,23 +84,31 @@ def _elements(shape):
     return reduce(operator.mul, (int(d) for d in shape), 1)
 
 
-def _release(desc, device, first, count, error):
+def _release(desc, device, runs, error):
     """After a failed consume: acknowledge, so that the slice is not held by a
     request that will never use it. True when the slice is released for these
     ranks (acknowledged now, or already: the consume acknowledged before it
-    failed, or the slot holds another occupant); False when the
+    failed, or the slot holds another occupant); False when an
     acknowledgement failed too (a retry may work), noted on `error`."""
-    try:
-        _consumer().ack(desc, device=device, ranks=compat.ranks(first, count))
-        return True
-    except vmmt.Error as ack_error:
-        if getattr(ack_error, "status", None) == -14:  # VMMT_ESTATE: nothing left to release
-            return True
-        if hasattr(error, "add_note"):  # Python 3.11 and newer
-            error.add_note("vmmt.sglang: the acknowledgement after the failed reconstruction "
-                           "also failed (%s); the slice is still held and the call may be "
-                           "retried" % ack_error)
-        return False
+    released = True
+    for first, count in runs:
+        try:
+            _consumer().ack(desc, device=device, ranks=compat.ranks(first, count))
+        except vmmt.Error as ack_error:
+            if getattr(ack_error, "status", None) == -14:  # VMMT_ESTATE: nothing to release
+                continue
+            released = False
+            if hasattr(error, "add_note"):  # Python 3.11 and newer
+                error.add_note("vmmt.sglang: the acknowledgement after the failed "
+                               "reconstruction also failed (%s); the slice is still held and "
+                               "the call may be retried" % ack_error)
+    return released
+
+
+def _ack(desc, runs, device=None):
+    consumer = _consumer()
+    for first, count in runs:
+        consumer.ack(desc, device=device, ranks=compat.ranks(first, count))
 
 
 class CudaVmmTensorTransportProxy(_Base):
@@ -171,10 +179,11 @@ class CudaVmmTensorTransportProxy(_Base):
         return self._desc
 
     def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count=None,
-                                     consumer_rank=None, **_unused):
+                                     consumer_rank=None, *, acknowledge_ranks=None):
         """The tensor on device `rebuild_device_idx`, copied out of the pool and
-        acknowledged for the ranks `consumer_count` selects; the same tensor
-        again when called again for that device."""
+        acknowledged for the ranks `consumer_count` selects (or, named outright,
+        `acknowledge_ranks`); the same tensor again when called again for that
+        device."""
         device = int(rebuild_device_idx)
         with _lock:
             if self.reconstruct_tensor is not None and self._device == device:
@@ -182,20 +191,22 @@ class CudaVmmTensorTransportProxy(_Base):
             if self._consumer_acknowledged:
                 raise RuntimeError("CUDA VMM tensor has already released its pool slice")
             desc = self._need_descriptor()
-            first, count = resolve(consumer_count, self.consumer_count, consumer_rank)
+            runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
+                              acknowledge_ranks)
             want = _elements(self.shape) * arrays.itemsize(self.dtype)
             if want != desc.nbytes:
                 error = RuntimeError(
                     "CUDA VMM proxy shape %r of %s holds %d bytes, but the published tensor has "
                     "%d; the pool slice is released and the proxy cannot be reconstructed"
                     % (tuple(self.shape), arrays.dtype_name(self.dtype), want, desc.nbytes))
-                self._consumer_acknowledged = _release(desc, device, first, count, error)
+                self._consumer_acknowledged = _release(desc, device, runs, error)
                 raise error
             try:
-                buf = _consumer().consume(desc, device=device, ranks=compat.ranks(first, count))
+                buf = _consumer().consume(desc, device=device, ranks=compat.ranks(*runs[0]))
             except Exception as error:
-                self._consumer_acknowledged = _release(desc, device, first, count, error)
+                self._consumer_acknowledged = _release(desc, device, runs, error)
                 raise
+            _ack(desc, runs[1:], device)
             lib = arrays.consumer_library(self._lib)
             tensor = arrays.from_buffer(buf, lib)
             if tensor.dtype != self.dtype:
@@ -206,19 +217,22 @@ class CudaVmmTensorTransportProxy(_Base):
             self.reconstruct_tensor, self._device = tensor, device
             return tensor
 
-    def acknowledge_consumption(self, consumer_count=None, consumer_rank=None, **_unused):
+    def acknowledge_consumption(self, consumer_count=None, consumer_rank=None, *,
+                                acknowledge_ranks=None):
         """Release the slice without copying (a request dropped or served from
         a cache), for the ranks `consumer_count` selects; once per proxy."""
         with _lock:
             if self._consumer_acknowledged:
                 return
-            first, count = resolve(consumer_count, self.consumer_count, consumer_rank)
-            _consumer().ack(self._need_descriptor(), ranks=compat.ranks(first, count))
+            _ack(self._need_descriptor(), rank_spans(consumer_count, self.consumer_count,
+                                                     consumer_rank, acknowledge_ranks))
             self._consumer_acknowledged = True
 
-    def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, **_unused):
+    def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, *,
+                                       acknowledge_ranks=None):
         """sglang's name for a request that abandons this proxy."""
-        self.acknowledge_consumption(consumer_count, consumer_rank)
+        self.acknowledge_consumption(consumer_count, consumer_rank,
+                                     acknowledge_ranks=acknowledge_ranks)
 
     def borrow_on_target_device(self, rebuild_device_idx, *_args, **_kwargs):
         """None, always: a borrowed view of recyclable pool memory could be
@@ -285,7 +299,8 @@ class _CudaVmmPackedTransportOwner:
         self._producer_cancelled = True
 
     def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count=None,
-                                     consumer_rank=None, library=arrays.NUMPY):
+                                     consumer_rank=None, library=arrays.NUMPY,
+                                     acknowledge_ranks=None):
         """Every member, consumed into one flat uint8 buffer on the device."""
         device = int(rebuild_device_idx)
         with _lock:
@@ -293,35 +308,41 @@ class _CudaVmmPackedTransportOwner:
                 return self.reconstruct_tensor
             if self._consumer_acknowledged:
                 raise RuntimeError("CUDA VMM tensor has already released its pool slice")
-            first, count = resolve(consumer_count, self.consumer_count, consumer_rank)
+            runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
+                              acknowledge_ranks)
             flat = arrays.empty_bytes(max(1, self.data_nbytes), device,
                                       arrays.consumer_library(library), _on_device())
             consumer, done = _consumer(), 0
             try:
                 for d, off in zip(self.descriptors, self.offsets):
                     consumer.consume(d, device=device, out=flat[off:off + d.nbytes],
-                                     ranks=compat.ranks(first, count))
+                                     ranks=compat.ranks(*runs[0]))
                     done += 1
             except Exception as error:
                 # The group is acknowledged once every member is consumed or
                 # dropped: drop the rest, so the slice is not held for good.
-                released = True
-                for d in self.descriptors[done:]:
-                    released = _release(d, device, first, count, error) and released
+                released = _release(self.descriptors[done], device, runs, error)
+                for d in self.descriptors[done + 1:]:
+                    released = _release(d, device, runs, error) and released
+                for d in self.descriptors[:done]:  # the other ranks of the consumed ones
+                    released = _release(d, device, runs[1:], error) and released
                 self._consumer_acknowledged = released
                 raise
+            for d in self.descriptors:
+                _ack(d, runs[1:], device)
             self._consumer_acknowledged = True
             self.reconstruct_tensor, self._device = flat, device
             return flat
 
-    def acknowledge_consumption(self, consumer_count=None, consumer_rank=None):
+    def acknowledge_consumption(self, consumer_count=None, consumer_rank=None,
+                                acknowledge_ranks=None):
         with _lock:
             if self._consumer_acknowledged:
                 return
-            first, count = resolve(consumer_count, self.consumer_count, consumer_rank)
-            consumer = _consumer()
+            runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
+                              acknowledge_ranks)
             for d in self.descriptors:
-                consumer.ack(d, ranks=compat.ranks(first, count))
+                _ack(d, runs)
             self._consumer_acknowledged = True
 
 
@@ -353,7 +374,7 @@ class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
         super().__setstate__(state)
 
     def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count=None,
-                                     consumer_rank=None, **_unused):
+                                     consumer_rank=None, *, acknowledge_ranks=None):
         device = int(rebuild_device_idx)
         with _lock:
             if self.reconstruct_tensor is not None and self._device == device:
@@ -367,29 +388,31 @@ class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
                     "tensor has %d; the packed slice is released and the proxy cannot be "
                     "reconstructed" % (tuple(self.shape), arrays.dtype_name(self.dtype), want,
                                        self._desc.nbytes))
-                self.release_without_reconstruction(consumer_count, consumer_rank)
+                self.release_without_reconstruction(consumer_count, consumer_rank,
+                                                    acknowledge_ranks=acknowledge_ranks)
                 raise error
             flat = self._packed_owner.reconstruct_on_target_device(
                 device, consumer_count=consumer_count, consumer_rank=consumer_rank,
-                library=self._lib)
+                library=self._lib, acknowledge_ranks=acknowledge_ranks)
             tensor = arrays.typed_view(flat, self._packed_relative_offset, self._desc.nbytes,
                                        self.dtype, self.shape)
             self._consumer_acknowledged = True
             self.reconstruct_tensor, self._device = tensor, device
             return tensor
 
-    def acknowledge_consumption(self, consumer_count=None, consumer_rank=None, **_unused):
+    def acknowledge_consumption(self, consumer_count=None, consumer_rank=None, *,
+                                acknowledge_ranks=None):
         """Releases the whole packed slice for these ranks (every member's
         acknowledgement at once); the other members then refuse to rebuild."""
-        self.release_without_reconstruction(consumer_count, consumer_rank)
+        self.release_without_reconstruction(consumer_count, consumer_rank,
+                                            acknowledge_ranks=acknowledge_ranks)
 
-    def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, **_unused):
+    def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, *,
+                                       acknowledge_ranks=None):
         with _lock:
             if self._consumer_acknowledged:
                 return
-            if consumer_rank is None:
-                self._packed_owner.acknowledge_consumption(consumer_count)
-            else:
-                self._packed_owner.acknowledge_consumption(consumer_count,
-                                                           consumer_rank=consumer_rank)
+            named = {k: v for k, v in (("consumer_rank", consumer_rank),
+                                       ("acknowledge_ranks", acknowledge_ranks)) if v is not None}
+            self._packed_owner.acknowledge_consumption(consumer_count, **named)
             self._consumer_acknowledged = True

@@ -113,3 +113,27 @@ def resolve(consumer_count, total, consumer_rank=None):
         return start, layout.attn_tp_size
     raise ValueError("consumer_count must be 1, the attention TP size (%d), or the full consumer "
                      "count (%d); got %d" % (layout.attn_tp_size, total, consumer_count))
+
+
+def spans(consumer_count, total, consumer_rank=None, acknowledge_ranks=None):
+    """The ranks a call acknowledges for, as runs of consecutive ranks
+    [(first, count), ...]: `acknowledge_ranks` when given (sglang's newer
+    proxies name the ranks outright; any order, each once, each below
+    `total`), else the one run that `consumer_count` selects (resolve)."""
+    if acknowledge_ranks is None:
+        return [resolve(consumer_count, total, consumer_rank)]
+    chosen = sorted(set(acknowledge_ranks))
+    if not chosen or len(chosen) != len(list(acknowledge_ranks)) or any(
+            isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < total for r in chosen):
+        raise ValueError("acknowledge_ranks=%r: give distinct ranks 0..%d"
+                         % (acknowledge_ranks, total - 1))
+    runs = []
+    for r in chosen:
+        if runs and runs[-1][0] + runs[-1][1] == r:
+            runs[-1][1] += 1
+        else:
+            runs.append([r, 1])
+    # The consumer's own rank first: its run is the one the copy acknowledges.
+    if consumer_rank is not None:
+        runs.sort(key=lambda run: not run[0] <= consumer_rank < run[0] + run[1])
+    return [tuple(run) for run in runs]

@@ -62,7 +62,10 @@ the safer ones:
   raises; the pool takes no new wraps and ``shutdown()`` again finishes.
 - **Ranks from the engine.** ``consumer_count`` (1, the attention-TP size, or
   all) selects ranks from the layout that ``set_rank_resolver`` gives, or
-  from sglang's parallel context where sglang is importable.
+  from sglang's parallel context where sglang is importable; sglang's newer
+  keywords ``consumer_rank`` and ``acknowledge_ranks`` (ranks named
+  outright) are honoured, and any other keyword is a TypeError rather than
+  silently ignored (an acknowledgement dropped would hold a slice for good).
 
 sglang's own test helpers that reach into its internals (the pool's raw
 ``memory_pool`` tensor and its acknowledgement words, ``tensor_from_pointer``,
