@@ -125,9 +125,9 @@ def get_mm_feature_pool_size_per_worker(total_pool_size, tokenizer_worker_num):
 def _sglang_parallel():
     try:
         from sglang.srt.runtime_context import get_parallel
-    except Exception:
+        return get_parallel()
+    except Exception:  # no sglang, or its context not published yet: server_args say
         return None
-    return get_parallel()
 
 
 def get_vmm_feature_consumer_count(server_args=None):
@@ -396,6 +396,9 @@ def install():
       sglang's own isinstance checks there then see vmmt's class only
       through sglang's CUDA IPC proxy base, which vmmt's proxies subclass
       where sglang is importable.
+    - Where sglang is installed, importing vmmt.sglang imports sglang's CUDA
+      IPC proxy module (its proxies' base class); should that ever import
+      sglang's transport module too, install() says so and raises.
     - Helpers that only sglang's tests use (the pool's raw memory, its broker
       thread) are not reproduced (see the module's docstring).
 
