@@ -202,3 +202,34 @@ def test_install_puts_vmmt_in_sglangs_place(tmp_path):
         """ % str(tmp_path))
     assert "after uninstall: the seed True" in out and "late:" in out and \
         "already imported" in out, out
+
+
+def test_sglang_style_doubles_take_sglangs_internal_paths():
+    """sglang's CPU tests build pools, owners and proxies with object.__new__
+    and mocks; the paths they assert on stay: a hand-built owner cancels by
+    its control offset, a packed member releases through its owner."""
+    from unittest.mock import MagicMock
+    owner = object.__new__(vs._CudaVmmPackedTransportOwner)
+    owner.control_offset, owner._producer_cancelled = 64, False
+    proxies = [object.__new__(vs.CudaVmmPackedTensorTransportProxy) for _ in range(2)]
+    for p in proxies:
+        p._packed_owner = owner
+    pool = object.__new__(vs.CudaVmmMemoryPool)
+    pool.wrap_tensors = MagicMock(return_value=proxies)
+    pool.wrap_tensor = MagicMock(side_effect=RuntimeError("copy failed"))
+    pool._cancel_control_offset = MagicMock()
+    transport = object.__new__(vs.CudaVmmFeatureTransport)
+    transport.pool = pool
+    features = [np.arange(4), np.arange(4, 8)]
+    embedding = np.arange(2)
+    items = [item(features[0], embeddings=embedding), item(features[1])]
+    with pytest.raises(RuntimeError, match="copy failed"):
+        transport.wrap_items(items)
+    assert [i.feature for i in items] == features and items[0].precomputed_embeddings is embedding
+    pool._cancel_control_offset.assert_called_once_with(64)
+
+    member = object.__new__(vs.CudaVmmPackedTensorTransportProxy)
+    member._packed_owner, member._consumer_acknowledged = MagicMock(), False
+    member.release_without_reconstruction(consumer_count=2)
+    member._packed_owner.acknowledge_consumption.assert_called_once_with(2)
+    assert member._consumer_acknowledged

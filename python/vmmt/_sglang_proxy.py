@@ -295,7 +295,14 @@ class _CudaVmmPackedTransportOwner:
     def cancel_from_pool(self, pool):
         if self._producer_cancelled:
             return
-        pool._cancel_descriptor(self.descriptors[0])  # the library cancels the whole group
+        descriptors = getattr(self, "descriptors", None)
+        if descriptors:
+            # By descriptor: its generation makes sure that a slot reused
+            # meanwhile is never taken from its new occupant. The library
+            # cancels the whole group.
+            pool._cancel_descriptor(descriptors[0])
+        else:  # an owner built by hand (sglang's tests): by its slot, as sglang does
+            pool._cancel_control_offset(self.control_offset)
         self._producer_cancelled = True
 
     def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count=None,
