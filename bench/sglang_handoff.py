@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""sglang's call sequence through vmmt.sglang, against the two-process floor
+of the same run (BENCHMARKS.md, "From sglang").
+
+Each round trip is what sglang's tokenizer and a rank do for one feature:
+CudaVmmMemoryPool.wrap_tensor, pickle the proxy, send it through a
+multiprocessing pipe, then in the rank process unpickle it,
+reconstruct_on_target_device(0, consumer_count=1), synchronize and answer.
+The floor, interleaved block by block: each process copies the same bytes
+and synchronizes in turn, no transport at all. The rank is on the
+producer's GPU (tensor-parallel rank 0, the common case); 4 KiB, 1 MiB and
+64 MiB; a device pool fed from device memory, and a host pool fed from host
+memory (features from a CPU processor). The producer polls the pipe for the
+answer (python_bench.py says why a sleeping read adds a virtual machine's
+wake-up tail). Also: wrap_tensor alone on the caller's thread (4 KiB, device
+pool), and the time from the rank's answer (its acknowledgement is written
+before it) until the pool has the slice back.
+
+Targets (one H200): device pool p50 <= 1.1x the floor, p99 <= 1.5x its own
+p50; host pool >= 10x faster than the floor at 4 KiB; wrap_tensor < 10 us;
+recycle < 100 us.
+
+    python3 bench/sglang_handoff.py [--json PATH] [--scale F] [--smoke]
+
+Runs with PyTorch on a GPU; --smoke (or no GPU) runs the same code on the
+emulated driver with NumPy to check the script, numbers meaningless.
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import pickle
+import statistics
+import sys
+import time
+
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = ((4 * KiB, 1000), (1 * MiB, 400), (64 * MiB, 60))  # bytes, round trips per mode
+POOLS = ("device", "host")
+
+
+class Backend:
+    """Tensors, copies and synchronization: PyTorch on CUDA, or NumPy on the emulator."""
+
+    def __init__(self, kind, device=0):
+        self.kind, self.device = kind, device
+        if kind == "torch":
+            import torch
+            self.torch = torch
+            torch.cuda.set_device(device)
+        else:
+            import numpy
+            self.np = numpy
+
+    def tensor(self, nbytes, fill, on_device):
+        if self.kind == "torch":
+            where = "cuda:%d" % self.device if on_device else "cpu"
+            return self.torch.full((nbytes,), fill, dtype=self.torch.uint8, device=where)
+        return self.np.full(nbytes, fill, dtype=self.np.uint8)
+
+    def copy(self, dst, src):
+        if self.kind == "torch":
+            dst.copy_(src)
+        else:
+            self.np.copyto(dst, src)
+
+    def sync(self):
+        if self.kind == "torch":
+            self.torch.cuda.current_stream().synchronize()
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def summary(ns):
+    return {"p50_us": pct(ns, 50) / 1e3, "p99_us": pct(ns, 99) / 1e3,
+            "mean_us": statistics.mean(ns) / 1e3, "n": len(ns)}
+
+
+def rank(conn, kind, device):
+    """The rank: rebuilds each proxy (or, for the floor, copies) and answers."""
+    import vmmt.sglang as vs
+    be = Backend(kind, device)
+    vs.set_rank_resolver(vs.ParallelLayout(attn_tp_rank=0, attn_tp_size=1))
+    bufs = {}
+    while True:
+        msg = conn.recv_bytes()
+        if msg == b"stop":
+            break
+        if msg.startswith(b"floor "):
+            n = int(msg.split()[1])
+            if n not in bufs:
+                bufs[n] = (be.tensor(n, 1, True), be.tensor(n, 0, True))
+            be.copy(bufs[n][1], bufs[n][0])
+            be.sync()
+        else:
+            t = pickle.loads(msg).reconstruct_on_target_device(device, consumer_count=1)
+            be.sync()
+            del t
+        conn.send_bytes(b"k")
+    vs._imported_pool_cache_clear()
+
+
+def wait_answer(conn):
+    while not conn.poll(0):
+        pass
+    conn.recv_bytes()
+
+
+def run_size(be, conn, pools, nbytes, iters, block):
+    clock = time.perf_counter_ns
+    src_dev = be.tensor(nbytes, 3, True)
+    srcs = {"device": src_dev, "host": be.tensor(nbytes, 3, False)}
+    fsrc, fdst = src_dev, be.tensor(nbytes, 0, True)
+    t = {m: [] for m in POOLS + ("floor",)}
+    recycle = {m: [] for m in POOLS}
+    floor_msg = b"floor %d" % nbytes
+    for rnd in range(iters // block + 1):  # blocks alternate; the first warms up
+        for mode in POOLS + ("floor",):
+            for _ in range(block):
+                t0 = clock()
+                if mode == "floor":
+                    be.copy(fdst, fsrc)
+                    be.sync()
+                    conn.send_bytes(floor_msg)
+                else:
+                    conn.send_bytes(pickle.dumps(pools[mode].wrap_tensor(srcs[mode])))
+                wait_answer(conn)
+                t1 = clock()
+                if mode != "floor":
+                    pool = pools[mode]._pool
+                    while pool.stats()["in_flight"]:  # the recycler's or our reclaim
+                        pool.reclaim()
+                    t2 = clock()
+                if rnd:
+                    t[mode].append(t1 - t0)
+                    if mode != "floor":
+                        recycle[mode].append(t2 - t1)
+    row = {"nbytes": nbytes, "floor": summary(t["floor"])}
+    for mode in POOLS:
+        row[mode] = summary(t[mode])
+        row[mode]["recycle"] = summary(recycle[mode])
+        row[mode]["p50_vs_floor"] = row[mode]["p50_us"] / row["floor"]["p50_us"]
+        row[mode]["p99_vs_own_p50"] = row[mode]["p99_us"] / row[mode]["p50_us"]
+    return row
+
+
+def wrap_alone(be, pool, n):
+    """wrap_tensor's time on the caller's thread, 4 KiB from device memory."""
+    clock = time.perf_counter_ns
+    src = be.tensor(4 * KiB, 5, True)
+    times = []
+    for b in range(6):
+        proxies = []
+        for _ in range(n):
+            t0 = clock()
+            proxies.append(pool.wrap_tensor(src))
+            if b:  # the first batch warms up
+                times.append(clock() - t0)
+        be.sync()
+        for p in proxies:
+            pool.cancel_proxy(p)
+    return summary(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="sglang's hand-off through vmmt.sglang")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--scale", type=float, default=1.0, help="round trips x this")
+    ap.add_argument("--smoke", action="store_true", help="emulated driver, NumPy, few iterations")
+    args = ap.parse_args()
+    kind = "numpy"
+    if not args.smoke:
+        try:
+            import torch
+            if torch.cuda.is_available():
+                kind = "torch"
+        except ImportError:
+            pass
+    sizes = SIZES
+    if kind == "numpy":
+        os.environ["VMMT_DRIVER"] = "emu"
+        if not args.smoke:
+            print("sglang_handoff: no PyTorch with CUDA; running --smoke on the emulated driver")
+        sizes = ((4 * KiB, 40), (1 * MiB, 20))
+    import vmmt
+    import vmmt.sglang as vs
+    be = Backend(kind, 0)
+    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "backend": kind,
+              "driver": vmmt.driver_name(), "python": sys.version.split()[0], "rows": []}
+    if kind == "torch":
+        report["device"] = be.torch.cuda.get_device_name(0)
+        report["torch"] = be.torch.__version__
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=rank, args=(there, kind, 0))
+    proc.start()
+    pools = {}
+    try:
+        for mode in POOLS:
+            pools[mode] = vs.CudaVmmMemoryPool(256 * MiB, 0.05, 0, 1, allow_posix_fallback=True,
+                                               pool=mode)
+        report["wrap_tensor_4k"] = wrap_alone(be, pools["device"], 400 if kind == "torch" else 50)
+        for nbytes, iters in sizes:
+            iters = max(20, int(iters * args.scale))
+            block = max(10, iters // 10)
+            report["rows"].append(run_size(be, here, pools, nbytes, iters, block))
+        here.send_bytes(b"stop")
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+        for p in pools.values():
+            p.shutdown()
+
+    print("sglang_handoff: %s, %s; rank on the producer's GPU; polling the pipe"
+          % (kind, report.get("device", "emu")))
+    w = report["wrap_tensor_4k"]
+    print("  wrap_tensor alone, 4 KiB device source: p50 %.2f us, p99 %.2f us (target < 10)"
+          % (w["p50_us"], w["p99_us"]))
+    print("  round trip, us p50/p99: floor | device pool, x floor, p99/p50 | host pool, "
+          "floor / host | recycle p50 device/host (target < 100)")
+    for r in report["rows"]:
+        d, h, f = r["device"], r["host"], r["floor"]
+        print("    %8d B  %8.1f %8.1f | %8.1f %8.1f %5.2fx %5.2f | %8.1f %8.1f %6.1fx | %6.1f %6.1f"
+              % (r["nbytes"], f["p50_us"], f["p99_us"], d["p50_us"], d["p99_us"],
+                 d["p50_vs_floor"], d["p99_vs_own_p50"], h["p50_us"], h["p99_us"],
+                 f["p50_us"] / h["p50_us"], d["recycle"]["p50_us"], h["recycle"]["p50_us"]))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

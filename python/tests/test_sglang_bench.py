@@ -1,0 +1,21 @@
+"""bench/sglang_handoff.py runs end to end on the emulated driver (its GPU
+run is tests/gpu/run's): a broken script fails here first."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_sglang_handoff_bench_smoke(tmp_path):
+    path = tmp_path / "sglang.json"
+    env = dict(os.environ, VMMT_DRIVER="emu",
+               PYTHONPATH=os.path.dirname(os.path.dirname(__import__("vmmt").__file__)))
+    out = subprocess.run([sys.executable, "bench/sglang_handoff.py", "--smoke", "--json",
+                          str(path)], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["nbytes"] for r in rows] == [4096, 1 << 20]
+    assert all(r[p]["n"] > 0 and r[p]["recycle"]["n"] > 0 for r in rows for p in ("device", "host"))

@@ -1,0 +1,425 @@
+"""vmmt.sglang's proxies: what a request carries in place of a feature tensor.
+
+A proxy is a vmmt Descriptor (512 bytes, validated when unpickled) plus the
+tensor's shape and dtype, under the attributes sglang's proxies have. A rank
+process rebuilds the tensor with reconstruct_on_target_device, which
+consumes the descriptor into new memory on that device and acknowledges it
+for the ranks that ``consumer_count`` selects (_sglang_ranks.py); or it
+drops the request with acknowledge_consumption / release_without_
+reconstruction. Each process has one vmmt.Consumer for all proxies, made on
+first use; _imported_pool_cache_clear closes it.
+
+Packed proxies (one per tensor of a request, in one slice) share an owner
+that consumes every member into one flat buffer on first use, so that the
+members are views of one allocation, as sglang's are.
+"""
+import operator
+import threading
+from functools import reduce
+
+import vmmt
+
+from . import _sglang_arrays as arrays
+from . import _sglang_compat as compat
+from ._sglang_ranks import spans as rank_spans
+
+
+def _proxy_base():
+    """sglang's CUDA IPC proxy class where sglang is importable: its scheduler
+    recognises feature proxies by isinstance against it. Its __init__ is
+    never called; every method sglang calls is defined here."""
+    import importlib.util
+    try:
+        if importlib.util.find_spec("sglang") is None:
+            return object
+    except (ImportError, ValueError):
+        return object
+    for name in ("sglang.srt.multimodal.transport.cuda_ipc",
+                 "sglang.srt.utils.cuda_ipc_transport_utils"):
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # an sglang too old or too new for this name: try the next
+            continue
+        base = getattr(module, "CudaIpcTensorTransportProxy", None)
+        if isinstance(base, type):
+            return base
+    return object
+
+
+_Base = _proxy_base()
+
+# One lock for every proxy of the process: a consume and the flags it sets
+# happen together, as in sglang (whose consumers also share one lock).
+_lock = threading.RLock()
+_consumer_obj = None
+
+
+def _consumer():
+    global _consumer_obj
+    if _consumer_obj is None or _consumer_obj.closed:
+        _consumer_obj = vmmt.Consumer()
+    return _consumer_obj
+
+
+def _imported_pool_cache_clear():
+    """Let go of every imported pool of this process (sglang's name): closes
+    the process's vmmt.Consumer; the next proxy makes a new one. Tensors
+    already rebuilt own their memory and stay valid."""
+    global _consumer_obj
+    with _lock:
+        consumer, _consumer_obj = _consumer_obj, None
+    if consumer is not None:
+        consumer.close()
+
+
+def _on_device():
+    """Whether consumed memory is CUDA device memory (not the emulator's)."""
+    try:
+        return vmmt.driver_name() == "cuda"
+    except vmmt.Error:
+        return False
+
+
+def _elements(shape):
+    return reduce(operator.mul, (int(d) for d in shape), 1)
+
+
+def _release(desc, device, runs, error):
+    """After a failed consume: acknowledge, so that the slice is not held by a
+    request that will never use it. True when the slice is released for these
+    ranks (acknowledged now, or already: the consume acknowledged before it
+    failed, or the slot holds another occupant); False when an
+    acknowledgement failed too (a retry may work), noted on `error`."""
+    released = True
+    for first, count in runs:
+        try:
+            _consumer().ack(desc, device=device, ranks=compat.ranks(first, count))
+        except vmmt.Error as ack_error:
+            if getattr(ack_error, "status", None) == -14:  # VMMT_ESTATE: nothing to release
+                continue
+            released = False
+            if hasattr(error, "add_note"):  # Python 3.11 and newer
+                error.add_note("vmmt.sglang: the acknowledgement after the failed "
+                               "reconstruction also failed (%s); the slice is still held and "
+                               "the call may be retried" % ack_error)
+    return released
+
+
+def _ack(desc, runs, device=None):
+    consumer = _consumer()
+    for first, count in runs:
+        consumer.ack(desc, device=device, ranks=compat.ranks(first, count))
+
+
+class CudaVmmTensorTransportProxy(_Base):
+    """One published tensor (sglang's name); picklable."""
+
+    def __init__(self, *, descriptor=None, fabric_handle=None, posix_socket_path=None,
+                 allocation_size=0, data_offset=0, data_nbytes=None, control_offset=None,
+                 consumer_count=None, shape=None, dtype=None, library=arrays.NUMPY):
+        desc = descriptor if descriptor is None else vmmt.Descriptor(descriptor)
+        self._desc = desc
+        self._lib = library
+        self.fabric_handle = fabric_handle
+        self.posix_socket_path = posix_socket_path
+        self.allocation_size = allocation_size
+        self.data_offset = data_offset
+        self.data_nbytes = desc.nbytes if data_nbytes is None and desc is not None else data_nbytes
+        self.control_offset = desc.slot if control_offset is None and desc is not None \
+            else control_offset
+        self.consumer_count = desc.consumer_count if consumer_count is None and \
+            desc is not None else consumer_count
+        self.shape = tuple(desc.shape) if shape is None and desc is not None else shape
+        self.dtype = arrays.dtype_of(desc.dtype, library) if dtype is None and \
+            desc is not None else dtype
+        self._fresh()
+
+    def _fresh(self):
+        self.reconstruct_tensor = None
+        self._device = None
+        self._consumer_acknowledged = False
+
+    # sglang's CUDA IPC proxies name the count so; its scheduler reads it.
+    @property
+    def total_consumer_count(self):
+        return self.consumer_count
+
+    @property
+    def descriptor(self):
+        """The vmmt.Descriptor this proxy carries."""
+        return self._desc
+
+    def _wire(self):
+        return {"descriptor": self._desc, "library": self._lib, "fabric_handle": self.fabric_handle,
+                "posix_socket_path": self.posix_socket_path,
+                "allocation_size": self.allocation_size, "data_offset": self.data_offset,
+                "data_nbytes": self.data_nbytes, "control_offset": self.control_offset,
+                "consumer_count": self.consumer_count, "shape": tuple(self.shape),
+                "dtype": arrays.dtype_name(self.dtype)}
+
+    def __getstate__(self):
+        # What crosses the process boundary: never the rebuilt tensor or the
+        # acknowledgement state, which are the receiving process's own.
+        return self._wire()
+
+    def __setstate__(self, state):
+        state = dict(state)
+        self._desc = state.pop("descriptor")  # a Descriptor: validated as it was unpickled
+        self._lib = state.pop("library")
+        name = state.pop("dtype")
+        for k, v in state.items():
+            setattr(self, k, v)
+        self.dtype = arrays.dtype_of(name, self._lib)
+        self._fresh()
+
+    def _need_descriptor(self):
+        if self._desc is None:
+            raise RuntimeError("this CUDA VMM proxy carries no vmmt descriptor: make proxies with "
+                               "CudaVmmMemoryPool.wrap_tensor")
+        return self._desc
+
+    def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count=None,
+                                     consumer_rank=None, *, acknowledge_ranks=None):
+        """The tensor on device `rebuild_device_idx`, copied out of the pool and
+        acknowledged for the ranks `consumer_count` selects (or, named outright,
+        `acknowledge_ranks`); the same tensor again when called again for that
+        device."""
+        device = int(rebuild_device_idx)
+        with _lock:
+            if self.reconstruct_tensor is not None and self._device == device:
+                return self.reconstruct_tensor
+            if self._consumer_acknowledged:
+                raise RuntimeError("CUDA VMM tensor has already released its pool slice")
+            desc = self._need_descriptor()
+            runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
+                              acknowledge_ranks)
+            want = _elements(self.shape) * arrays.itemsize(self.dtype)
+            if want != desc.nbytes:
+                error = RuntimeError(
+                    "CUDA VMM proxy shape %r of %s holds %d bytes, but the published tensor has "
+                    "%d; the pool slice is released and the proxy cannot be reconstructed"
+                    % (tuple(self.shape), arrays.dtype_name(self.dtype), want, desc.nbytes))
+                self._consumer_acknowledged = _release(desc, device, runs, error)
+                raise error
+            try:
+                buf = _consumer().consume(desc, device=device, ranks=compat.ranks(*runs[0]))
+            except Exception as error:
+                self._consumer_acknowledged = _release(desc, device, runs, error)
+                raise
+            _ack(desc, runs[1:], device)
+            lib = arrays.consumer_library(self._lib)
+            tensor = arrays.from_buffer(buf, lib)
+            if tensor.dtype != self.dtype:
+                tensor = tensor.view(self.dtype)
+            if tuple(tensor.shape) != tuple(self.shape):
+                tensor = tensor.reshape(tuple(self.shape))
+            self._consumer_acknowledged = True
+            self.reconstruct_tensor, self._device = tensor, device
+            return tensor
+
+    def acknowledge_consumption(self, consumer_count=None, consumer_rank=None, *,
+                                acknowledge_ranks=None):
+        """Release the slice without copying (a request dropped or served from
+        a cache), for the ranks `consumer_count` selects; once per proxy."""
+        with _lock:
+            if self._consumer_acknowledged:
+                return
+            _ack(self._need_descriptor(), rank_spans(consumer_count, self.consumer_count,
+                                                     consumer_rank, acknowledge_ranks))
+            self._consumer_acknowledged = True
+
+    def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, *,
+                                       acknowledge_ranks=None):
+        """sglang's name for a request that abandons this proxy."""
+        self.acknowledge_consumption(consumer_count, consumer_rank,
+                                     acknowledge_ranks=acknowledge_ranks)
+
+    def borrow_on_target_device(self, rebuild_device_idx, *_args, **_kwargs):
+        """None, always: a borrowed view of recyclable pool memory could be
+        overwritten once the slice is recycled (sglang refuses it for its VMM
+        proxies too); reconstruct_on_target_device makes a copy that is yours."""
+        return None
+
+    def __repr__(self):
+        return "%s(%r, shape=%r, dtype=%s)" % (type(self).__name__, self._desc,
+                                              tuple(self.shape or ()), self.dtype)
+
+
+def _align_up(value, alignment):
+    return (value + alignment - 1) // alignment * alignment
+
+
+def _member_layout(descs):
+    """(offsets, total): each member aligned to its element size in one flat
+    buffer, as sglang lays a packed slice out."""
+    offsets, next_offset = [], 0
+    for d in descs:
+        size = max(1, d.dl_dtype[1] // 8) if d.dl_dtype[1] else 1
+        next_offset = _align_up(next_offset, size)
+        offsets.append(next_offset)
+        next_offset += d.nbytes
+    return offsets, next_offset
+
+
+def _owner_from_wire(state):
+    return _CudaVmmPackedTransportOwner(**state)
+
+
+class _CudaVmmPackedTransportOwner:
+    """The shared slice of a packed publish: consumes every member at once."""
+
+    def __init__(self, *, descriptors, consumer_count, fabric_handle=None, posix_socket_path=None,
+                 allocation_size=0):
+        self.descriptors = [vmmt.Descriptor(d) for d in descriptors]
+        self.offsets, self.data_nbytes = _member_layout(self.descriptors)
+        self.consumer_count = consumer_count
+        self.control_offset = self.descriptors[0].slot
+        self.fabric_handle, self.posix_socket_path = fabric_handle, posix_socket_path
+        self.allocation_size = allocation_size
+        self.data_offset = 0
+        self.reconstruct_tensor = None
+        self._device = None
+        self._consumer_acknowledged = False
+        self._producer_cancelled = False
+
+    def __reduce__(self):
+        # Members pickled together (one request) share one owner through
+        # pickle's memo; members unpickled apart get owners of their own, as
+        # two ranks served by one process must (each acknowledges for itself).
+        return (_owner_from_wire, ({"descriptors": [bytes(d) for d in self.descriptors],
+                                    "consumer_count": self.consumer_count,
+                                    "fabric_handle": self.fabric_handle,
+                                    "posix_socket_path": self.posix_socket_path,
+                                    "allocation_size": self.allocation_size},))
+
+    def cancel_from_pool(self, pool):
+        if self._producer_cancelled:
+            return
+        descriptors = getattr(self, "descriptors", None)
+        if descriptors:
+            # By descriptor: its generation makes sure that a slot reused
+            # meanwhile is never taken from its new occupant. The library
+            # cancels the whole group.
+            pool._cancel_descriptor(descriptors[0])
+        else:  # an owner built by hand (sglang's tests): by its slot, as sglang does
+            pool._cancel_control_offset(self.control_offset)
+        self._producer_cancelled = True
+
+    def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count=None,
+                                     consumer_rank=None, library=arrays.NUMPY,
+                                     acknowledge_ranks=None):
+        """Every member, consumed into one flat uint8 buffer on the device."""
+        device = int(rebuild_device_idx)
+        with _lock:
+            if self.reconstruct_tensor is not None and self._device == device:
+                return self.reconstruct_tensor
+            if self._consumer_acknowledged:
+                raise RuntimeError("CUDA VMM tensor has already released its pool slice")
+            runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
+                              acknowledge_ranks)
+            flat = arrays.empty_bytes(max(1, self.data_nbytes), device,
+                                      arrays.consumer_library(library), _on_device())
+            consumer, done = _consumer(), 0
+            try:
+                for d, off in zip(self.descriptors, self.offsets):
+                    consumer.consume(d, device=device, out=flat[off:off + d.nbytes],
+                                     ranks=compat.ranks(*runs[0]))
+                    done += 1
+            except Exception as error:
+                # The group is acknowledged once every member is consumed or
+                # dropped: drop the rest, so the slice is not held for good.
+                released = _release(self.descriptors[done], device, runs, error)
+                for d in self.descriptors[done + 1:]:
+                    released = _release(d, device, runs, error) and released
+                for d in self.descriptors[:done]:  # the other ranks of the consumed ones
+                    released = _release(d, device, runs[1:], error) and released
+                self._consumer_acknowledged = released
+                raise
+            for d in self.descriptors:
+                _ack(d, runs[1:], device)
+            self._consumer_acknowledged = True
+            self.reconstruct_tensor, self._device = flat, device
+            return flat
+
+    def acknowledge_consumption(self, consumer_count=None, consumer_rank=None,
+                                acknowledge_ranks=None):
+        with _lock:
+            if self._consumer_acknowledged:
+                return
+            runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
+                              acknowledge_ranks)
+            for d in self.descriptors:
+                _ack(d, runs)
+            self._consumer_acknowledged = True
+
+
+class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
+    """One tensor of a packed publish (sglang's name): a typed view of its
+    owner's buffer; rebuilding one member copies and acknowledges them all."""
+
+    def __init__(self, *, owner, index, shape=None, dtype=None, library=arrays.NUMPY):
+        desc = owner.descriptors[index]
+        super().__init__(descriptor=desc, fabric_handle=owner.fabric_handle,
+                         posix_socket_path=owner.posix_socket_path,
+                         allocation_size=owner.allocation_size,
+                         data_offset=owner.offsets[index], consumer_count=owner.consumer_count,
+                         shape=shape, dtype=dtype, library=library)
+        self._packed_owner = owner
+        self._packed_index = index
+        self._packed_relative_offset = owner.offsets[index]
+
+    def __getstate__(self):
+        state = self._wire()
+        state.update(owner=self._packed_owner, index=self._packed_index)
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        self._packed_owner = state.pop("owner")
+        self._packed_index = state.pop("index")
+        self._packed_relative_offset = self._packed_owner.offsets[self._packed_index]
+        super().__setstate__(state)
+
+    def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count=None,
+                                     consumer_rank=None, *, acknowledge_ranks=None):
+        device = int(rebuild_device_idx)
+        with _lock:
+            if self.reconstruct_tensor is not None and self._device == device:
+                return self.reconstruct_tensor
+            if self._consumer_acknowledged:
+                raise RuntimeError("CUDA VMM tensor has already released its pool slice")
+            want = _elements(self.shape) * arrays.itemsize(self.dtype)
+            if want != self._desc.nbytes:
+                error = RuntimeError(
+                    "CUDA VMM packed proxy shape %r of %s holds %d bytes, but the published "
+                    "tensor has %d; the packed slice is released and the proxy cannot be "
+                    "reconstructed" % (tuple(self.shape), arrays.dtype_name(self.dtype), want,
+                                       self._desc.nbytes))
+                self.release_without_reconstruction(consumer_count, consumer_rank,
+                                                    acknowledge_ranks=acknowledge_ranks)
+                raise error
+            flat = self._packed_owner.reconstruct_on_target_device(
+                device, consumer_count=consumer_count, consumer_rank=consumer_rank,
+                library=self._lib, acknowledge_ranks=acknowledge_ranks)
+            tensor = arrays.typed_view(flat, self._packed_relative_offset, self._desc.nbytes,
+                                       self.dtype, self.shape)
+            self._consumer_acknowledged = True
+            self.reconstruct_tensor, self._device = tensor, device
+            return tensor
+
+    def acknowledge_consumption(self, consumer_count=None, consumer_rank=None, *,
+                                acknowledge_ranks=None):
+        """Releases the whole packed slice for these ranks (every member's
+        acknowledgement at once); the other members then refuse to rebuild."""
+        self.release_without_reconstruction(consumer_count, consumer_rank,
+                                            acknowledge_ranks=acknowledge_ranks)
+
+    def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, *,
+                                       acknowledge_ranks=None):
+        with _lock:
+            if self._consumer_acknowledged:
+                return
+            named = {k: v for k, v in (("consumer_rank", consumer_rank),
+                                       ("acknowledge_ranks", acknowledge_ranks)) if v is not None}
+            self._packed_owner.acknowledge_consumption(consumer_count, **named)
+            self._consumer_acknowledged = True
