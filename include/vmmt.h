@@ -59,10 +59,20 @@ extern "C" {
 #endif
 #endif
 
+/*
+ * The version of this header. VMMT_VERSION orders versions (0x000100 for
+ * 0.1.0); vmmt_version() and vmmt_version_string() give the library's, which
+ * may differ from the header a program was built with (see "Struct versions").
+ */
 #define VMMT_VERSION_MAJOR  0
 #define VMMT_VERSION_MINOR  1
 #define VMMT_VERSION_PATCH  0
 #define VMMT_VERSION_STRING "0.1.0"
+#define VMMT_VERSION        ((VMMT_VERSION_MAJOR << 16) | (VMMT_VERSION_MINOR << 8) | VMMT_VERSION_PATCH)
+
+/* The library's VMMT_VERSION and VMMT_VERSION_STRING, as it was built. */
+VMMT_API unsigned int vmmt_version(void);
+VMMT_API const char *vmmt_version_string(void);
 
 /* ------------------------------------------------------------------ status */
 
