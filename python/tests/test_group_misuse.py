@@ -13,6 +13,7 @@ after close but a NULL handle passed to C.
 import ctypes
 import gc
 import os
+import threading
 import weakref
 
 import pytest
@@ -226,6 +227,34 @@ def test_call_from_inside_the_all_gather(no_leaks):
     assert "another call on this group is running" in str(e.value.__cause__)
     g.close()
     holder.clear()
+
+
+def test_call_from_another_thread_is_refused(no_leaks):
+    """register() waits in the all-gather without the GIL held by the library:
+    another thread's call is refused, and its close() waits for register()."""
+    entered, release, armed, done = threading.Event(), threading.Event(), [], []
+
+    def gather(data):
+        if armed:
+            entered.set()
+            release.wait(30)  # a bound, not a timing assumption
+        return [data]
+
+    g = vmmt.Group(0, 1, gather)
+    p = g.alloc(GRAN)
+    armed.append(1)
+    t = threading.Thread(target=lambda: done.append(g.register([(p, GRAN)])))
+    t.start()
+    assert entered.wait(30)
+    with pytest.raises(vmmt.Error, match="another call on this group is running"):
+        g.alloc(GRAN)
+    g.close()  # deferred until register() returns
+    assert g.closed
+    release.set()
+    t.join(30)
+    assert not t.is_alive() and done == [[[p]]]
+    with pytest.raises(vmmt.Error, match="closed"):
+        g.register([])
 
 
 def test_close_inside_all_gather_waits_for_the_call(no_leaks):
