@@ -5,12 +5,21 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 
-.PHONY: all test test-sanitize test-tsan fuzz soak run probe install format clean
+.PHONY: all tool test test-sanitize test-tsan fuzz soak run probe install format clean
 
 all:
 	@scripts/bootstrap --tests
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVMMT_BUILD_TESTS=ON >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
+
+# The tool alone (with the library and the emulated driver), needing none of the test
+# packages: a fresh build directory is configured without the tests; one that has
+# them (make all) keeps them, and only the tool is built.
+tool:
+	@scripts/bootstrap
+	@test -f $(BUILD)/CMakeCache.txt || \
+	    cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DVMMT_BUILD_TESTS=OFF >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target vmmt_tool
 
 test: all
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -38,11 +47,13 @@ fuzz:
 soak: all
 	$(BUILD)/tests/soak/soak
 
-# The main job: on a machine without a GPU the tool falls back to the emulated driver.
-run: all
-	$(BUILD)/vmmt demo
+# The main job: --driver auto runs on the GPU, or says there is none and runs on the
+# emulated driver.
+run: tool
+	$(BUILD)/vmmt demo --driver auto
 
-probe: all
+# The machine's own check: without a GPU it stops (exit 2) and says so.
+probe: tool
 	$(BUILD)/vmmt probe
 
 install: all

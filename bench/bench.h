@@ -28,8 +28,9 @@ struct bench_opts {
     const char *driver; /* NULL: cuda */
     const char *json;   /* NULL: no JSON file */
     int quick;
-    int reps;      /* 0: the defaults of the mode */
-    unsigned only; /* bit i: run S(i+1); 0: every scenario */
+    int reps;             /* 0: the defaults of the mode */
+    unsigned only;        /* bit i: run S(i+1); 0: every scenario */
+    const char *only_arg; /* --only as given */
     int device;
     int peer_device; /* -1: each peer on another device than the producer's, where there is one */
 };

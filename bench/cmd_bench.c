@@ -3,6 +3,7 @@
  * uses (pool, copy floor, check of the copied bytes), dispatch, and output:
  * the table printed last and, with --json, a file with every sample.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -11,10 +12,6 @@
 #include "bench.h"
 #include "cli.h"
 #include "status.h"
-
-#define USAGE                                                                                      \
-    "usage: vmmt bench [--driver cuda|emu] [--quick] [--json PATH] [--only S1,S3,...] "            \
-    "[--reps N] [--device N] [--peer-device N]\n"
 
 typedef int (*bench_fn)(struct bench_env *e);
 
@@ -29,60 +26,63 @@ static int parse_only(const char *list, unsigned *out)
 {
     char buf[128], *save = NULL;
 
+    if (strlen(list) >= sizeof buf) return -1;
     snprintf(buf, sizeof buf, "%s", list);
     *out = 0;
     for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
         char *end;
-        long n = strtol(t + ((t[0] == 'S' || t[0] == 's') ? 1 : 0), &end, 10);
+        long n;
+        if (t[0] == 'S' || t[0] == 's') t++;
+        if (*t < '0' || *t > '9') return -1;
+        n = strtol(t, &end, 10);
         if (*end != '\0' || n < 1 || n > BENCH_SCENARIOS) return -1;
         *out |= 1u << (n - 1);
     }
     return *out ? 0 : -1;
 }
 
-static int parse_int(const char *s, int min, int *out)
+static int check_only(const char *list)
 {
-    char *end;
-    long v = strtol(s, &end, 10);
-
-    if (*s == '\0' || *end != '\0' || v < min || v > 1000000) return -1;
-    *out = (int)v;
-    return 0;
+    unsigned bits;
+    return parse_only(list, &bits);
 }
+
+static const struct cli_opt bench_opts_table[] = {
+    CLI_DRIVER_OPT(struct bench_opts),
+    {"--quick", CLI_FLAG, NULL, 0, 0, offsetof(struct bench_opts, quick),
+     "fewer repetitions and smaller sizes (CI's run)", NULL, NULL, 0},
+    {"--json", CLI_TEXT, "PATH", 0, 0, offsetof(struct bench_opts, json),
+     "also write every sample to PATH", NULL, "a file name", 0},
+    {"--only", CLI_TEXT, "S1,S3", 0, 0, offsetof(struct bench_opts, only_arg),
+     "run these scenarios only (default: every one)", check_only,
+     "scenarios S1 to S11, separated by commas: S1,S3", 0},
+    {"--reps", CLI_INT, "N", 1, 1000000, offsetof(struct bench_opts, reps),
+     "repetitions of each small-size loop (default 200, --quick 20; large sizes a tenth)", NULL,
+     NULL, 0},
+    {"--device", CLI_INT, "N", 0, 4095, offsetof(struct bench_opts, device),
+     "the producer's device (default 0)", NULL, NULL, 0},
+    {"--peer-device", CLI_INT, "N", 0, 4095, offsetof(struct bench_opts, peer_device),
+     "every peer process on device N (default: another device than the producer's, where "
+     "there is one)",
+     NULL, NULL, 0},
+};
+
+const struct cli_command cli_bench_command = {
+    "bench",
+    "benchmark scenarios S1-S11, each against its floor measured in the same run",
+    "The benchmark scenarios S1-S11 of BENCHMARKS.md, each against its floor measured in the\n"
+    "same run; nothing asserts on time.",
+    bench_opts_table,
+    sizeof bench_opts_table / sizeof bench_opts_table[0],
+    "exit status: 0 when every scenario ran and met its target, 1 when one did not, 2 on error.\n",
+};
 
 static int parse(int argc, char **argv, struct bench_opts *o)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int ok = 1;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf(USAGE);
-            exit(0);
-        } else if (strcmp(a, "--quick") == 0) {
-            o->quick = 1;
-            continue;
-        } else if (strcmp(a, "--driver") == 0 && v) {
-            o->driver = v;
-        } else if (strcmp(a, "--json") == 0 && v) {
-            o->json = v;
-        } else if (strcmp(a, "--only") == 0 && v) {
-            ok = parse_only(v, &o->only) == 0;
-        } else if (strcmp(a, "--reps") == 0 && v) {
-            ok = parse_int(v, 1, &o->reps) == 0;
-        } else if (strcmp(a, "--device") == 0 && v) {
-            ok = parse_int(v, 0, &o->device) == 0;
-        } else if (strcmp(a, "--peer-device") == 0 && v) {
-            ok = parse_int(v, 0, &o->peer_device) == 0;
-        } else {
-            ok = 0;
-        }
-        if (!ok) {
-            fprintf(stderr, "vmmt bench: bad option '%s%s%s'\n" USAGE, a, v ? " " : "", v ? v : "");
-            return CLI_ERROR;
-        }
-        i++;
-    }
-    return CLI_OK;
+    int rc = cli_parse(&cli_bench_command, argc, argv, o);
+
+    if (rc == CLI_OK && o->only_arg != NULL) parse_only(o->only_arg, &o->only);
+    return rc;
 }
 
 /* ------------------------------------------------------ shared helpers */
@@ -264,7 +264,6 @@ static int setup(struct bench_env *e)
 
     if (n <= 0) return vmmt__sys_fail("readlink /proc/self/exe");
     e->exe[n] = '\0';
-    if (cli_select_driver(e->opt.driver) != CLI_OK) return VMMT_EINVAL;
     d = e->d = vmmt__drv();
     if (d == NULL) return vmmt_last_status();
     e->driver = d->name;
@@ -272,6 +271,9 @@ static int setup(struct bench_env *e)
     st = vmmt_device_count(&e->ndevices);
     if (st != VMMT_OK) return st;
     e->rep->device_count = e->ndevices;
+    if (e->opt.device >= e->ndevices)
+        return vmmt__fail(VMMT_ENODEV, "--device %d: the %s driver reports %d device(s)",
+                          e->opt.device, d->name, e->ndevices);
     if (e->opt.peer_device >= e->ndevices)
         return vmmt__fail(VMMT_ENODEV, "--peer-device %d: the %s driver reports %d device(s)",
                           e->opt.peer_device, d->name, e->ndevices);
@@ -358,12 +360,12 @@ int cmd_bench(int argc, char **argv)
     if (argc >= 1 && strcmp(argv[0], "bench-peer") == 0) return bench_peer_main(argc, argv);
     memset(&e, 0, sizeof e);
     e.opt.peer_device = -1;
-    if (parse(argc, argv, &e.opt) != CLI_OK) return CLI_ERROR;
+    if ((rc = parse(argc, argv, &e.opt)) != CLI_OK) return rc == CLI_HELP ? CLI_OK : CLI_ERROR;
+    if (cli_open_driver("bench", e.opt.driver, stdout) != CLI_OK) return CLI_ERROR;
     e.rep = calloc(1, sizeof *e.rep);
     if (e.rep == NULL) return CLI_ERROR;
     if (setup(&e) != VMMT_OK) {
-        printf("vmmt bench: %s%s\n", vmmt_last_error(),
-               e.d == NULL ? " (without a GPU: --driver emu)" : "");
+        printf("vmmt bench: %s\n", vmmt_last_error());
         teardown(&e);
         free(e.rep);
         return CLI_ERROR;

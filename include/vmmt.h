@@ -27,13 +27,12 @@
  * after). The library's own threads (recycler, broker, acknowledgements) may
  * call the log callback; it must be thread-safe.
  *
- * Struct versions: the config, stats, buffer, descriptor-info and
- * device-probe structs may gain fields at their end in later versions. The functions that take
- * them are `static inline` wrappers that pass the struct's size as the
- * caller was compiled (sizeof), to exported `*_size` functions: a program
- * built against an older vmmt.h gets defaults for fields it does not know,
- * and one built against a newer vmmt.h is refused (VMMT_EINVAL) if it sets
- * a field this library does not know. Bindings that do not compile this
+ * Struct versions: the config (pool, consumer and group), stats, buffer,
+ * descriptor-info and device-probe structs may gain fields at their end in later versions. The
+ * functions that take them are `static inline` wrappers that pass the struct's size as the caller
+ * was compiled (sizeof), to exported `*_size` functions: a program built against an older vmmt.h
+ * gets defaults for fields it does not know, and one built against a newer vmmt.h is refused
+ * (VMMT_EINVAL) if it sets a field this library does not know. Bindings that do not compile this
  * header (ctypes, other languages) call the `*_size` functions with the size
  * of the struct they lay out. A size above 65536 bytes is no struct's and is
  * refused (VMMT_EINVAL). Initialise configs with *_config_init; stats
@@ -59,10 +58,20 @@ extern "C" {
 #endif
 #endif
 
+/*
+ * The version of this header. VMMT_VERSION orders versions (0x000100 for
+ * 0.1.0); vmmt_version() and vmmt_version_string() give the library's, which
+ * may differ from the header a program was built with (see "Struct versions").
+ */
 #define VMMT_VERSION_MAJOR  0
 #define VMMT_VERSION_MINOR  1
 #define VMMT_VERSION_PATCH  0
 #define VMMT_VERSION_STRING "0.1.0"
+#define VMMT_VERSION        ((VMMT_VERSION_MAJOR << 16) | (VMMT_VERSION_MINOR << 8) | VMMT_VERSION_PATCH)
+
+/* The library's VMMT_VERSION and VMMT_VERSION_STRING, as it was built. */
+VMMT_API unsigned int vmmt_version(void);
+VMMT_API const char *vmmt_version_string(void);
 
 /* ------------------------------------------------------------------ status */
 
@@ -725,7 +734,8 @@ typedef struct vmmt_group vmmt_group;
  * failure, with a reason written to err (err_cap bytes, NUL-terminated). They
  * must not wait forever: a collective whose peer died must fail. close, if
  * set, is called once: by vmmt_group_destroy, or by vmmt_group_create when
- * it fails (the group owns the adapter from the call on).
+ * it fails (the group owns the adapter from the call on), unless the size
+ * passed is no vmmt_group_config's, when the collective cannot be read.
  */
 typedef struct vmmt_group_collective {
     int (*allgather)(void *ctx, const void *send, void *recv, size_t bytes, char *err,
@@ -735,6 +745,7 @@ typedef struct vmmt_group_collective {
     void *ctx;
 } vmmt_group_collective;
 
+/* Grows at its end only (see "Struct versions" at the top). */
 typedef struct vmmt_group_config {
     int rank;       /* 0 .. world_size - 1 */
     int world_size; /* 1 .. 4096 */
@@ -746,8 +757,15 @@ typedef struct vmmt_group_config {
     uint32_t max_allocations;     /* per rank and registration; default 4096 */
 } vmmt_group_config;
 
-/* Defaults as documented above; rank, world_size and collective must be set. */
-VMMT_API void vmmt_group_config_init(vmmt_group_config *config);
+/*
+ * Defaults as documented above; rank, world_size and collective must be set.
+ * A NULL config, or a size no vmmt_group_config has, is ignored.
+ */
+VMMT_API void vmmt_group_config_init_size(vmmt_group_config *config, size_t size);
+static inline void vmmt_group_config_init(vmmt_group_config *config)
+{
+    vmmt_group_config_init_size(config, sizeof(vmmt_group_config));
+}
 
 /*
  * Agree on a handle type: every rank probes its device (vmmt_probe_device);
@@ -757,7 +775,11 @@ VMMT_API void vmmt_group_config_init(vmmt_group_config *config);
  * different nodes without FABRIC fail naming the IMEX channel they need.
  * A node is the host name plus the kernel's boot id, or VMMT_GROUP_NODE.
  */
-VMMT_API int vmmt_group_create(const vmmt_group_config *config, vmmt_group **out);
+VMMT_API int vmmt_group_create_size(const vmmt_group_config *config, size_t size, vmmt_group **out);
+static inline int vmmt_group_create(const vmmt_group_config *config, vmmt_group **out)
+{
+    return vmmt_group_create_size(config, sizeof(vmmt_group_config), out);
+}
 
 /*
  * The local adapter: processes of one node started together, meeting at
@@ -767,8 +789,13 @@ VMMT_API int vmmt_group_create(const vmmt_group_config *config, vmmt_group **out
  * and a rank that dies fails the others' current collective. The group owns
  * the adapter. config->collective is ignored.
  */
-VMMT_API int vmmt_group_create_local(const vmmt_group_config *config, const char *job,
-                                     vmmt_group **out);
+VMMT_API int vmmt_group_create_local_size(const vmmt_group_config *config, size_t size,
+                                          const char *job, vmmt_group **out);
+static inline int vmmt_group_create_local(const vmmt_group_config *config, const char *job,
+                                          vmmt_group **out)
+{
+    return vmmt_group_create_local_size(config, sizeof(vmmt_group_config), job, out);
+}
 
 /*
  * The local adapter's collective alone (to wrap it, say): rank 0 waits up to
@@ -778,18 +805,7 @@ VMMT_API int vmmt_group_create_local(const vmmt_group_config *config, const char
 VMMT_API int vmmt_group_local_collective(const char *job, int rank, int world_size, int timeout_ms,
                                          vmmt_group_collective *out);
 
-/*
- * MPI: in libvmmt_mpi (built where CMake finds MPI; CMake target
- * vmmt::vmmt_mpi). mpi_comm points to an MPI_Comm, which the group
- * duplicates; rank and world_size come from it. MPI must be initialised and
- * stay so until vmmt_group_destroy.
- */
-VMMT_API int vmmt_group_create_mpi(const vmmt_group_config *config, const void *mpi_comm,
-                                   vmmt_group **out);
-
-/* libvmmt_mpi: the MPI collective alone, on a duplicate of *mpi_comm, with its rank and size. */
-VMMT_API int vmmt_group_mpi_collective(const void *mpi_comm, vmmt_group_collective *out, int *rank,
-                                       int *world_size);
+/* MPI: vmmt_group_create_mpi is in libvmmt_mpi, declared in vmmt_mpi.h. */
 
 /* What the group agreed on, and this rank's place in it. */
 VMMT_API vmmt_handle_type vmmt_group_handle_type(const vmmt_group *group);
@@ -797,7 +813,10 @@ VMMT_API int vmmt_group_rank(const vmmt_group *group);
 VMMT_API int vmmt_group_world_size(const vmmt_group *group);
 VMMT_API int vmmt_group_device(const vmmt_group *group);
 
-/* One buffer to register: a device pointer of this rank's device and its size. */
+/*
+ * One buffer to register: a device pointer of this rank's device and its
+ * size. Passed in arrays, so its layout is fixed: it never grows.
+ */
 typedef struct vmmt_group_buffer {
     uint64_t ptr;
     uint64_t nbytes;

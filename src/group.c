@@ -8,18 +8,38 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "abi.h"
 #include "driver.h"
 #include "group_internal.h"
 #include "status.h"
 #include "vmm.h"
 
-void vmmt_group_config_init(vmmt_group_config *config)
+static void config_defaults(vmmt_group_config *c)
 {
-    if (config == NULL) return;
-    memset(config, 0, sizeof *config);
-    config->handle_type = VMMT_HANDLE_AUTO;
-    config->timeout_ms = VMMT__GROUP_DEF_TIMEOUT;
-    config->max_allocations = VMMT__GROUP_DEF_ALLOCS;
+    memset(c, 0, sizeof *c);
+    c->handle_type = VMMT_HANDLE_AUTO;
+    c->timeout_ms = VMMT__GROUP_DEF_TIMEOUT;
+    c->max_allocations = VMMT__GROUP_DEF_ALLOCS;
+}
+
+void vmmt_group_config_init_size(vmmt_group_config *config, size_t size)
+{
+    vmmt_group_config c;
+
+    config_defaults(&c);
+    vmmt__struct_out(config, size, &c, sizeof c, VMMT__GROUP_CONFIG_V1,
+                     "vmmt_group_config_init: config");
+}
+
+int vmmt__group_config_in(const vmmt_group_config *theirs, size_t size, const char *fn,
+                          vmmt_group_config *ours)
+{
+    char what[64];
+
+    snprintf(what, sizeof what, "%s: config", fn);
+    /* Fields the caller's (older) struct lacks keep their defaults. */
+    config_defaults(ours);
+    return vmmt__struct_in(ours, sizeof *ours, theirs, size, VMMT__GROUP_CONFIG_V1, what);
 }
 
 int vmmt__group_grow(void **arr, size_t *cap, size_t need, size_t elem)
@@ -123,15 +143,24 @@ static void fill_hello(const vmmt_group_config *c, struct vmmt__group_hello *h)
     snprintf(h->posix_cause, sizeof h->posix_cause, "%s", p.candidates[1].cause);
 }
 
-int vmmt_group_create(const vmmt_group_config *config, vmmt_group **out)
+int vmmt_group_create_size(const vmmt_group_config *theirs, size_t size, vmmt_group **out)
 {
     struct vmmt__group_hello mine;
+    vmmt_group_config cfg, *config = &cfg;
     vmmt_group *g = NULL;
     int st;
 
     if (out != NULL) *out = NULL;
-    if (config == NULL || out == NULL)
+    if (theirs == NULL || out == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_group_create: config and out must not be NULL");
+    st = vmmt__group_config_in(theirs, size, "vmmt_group_create", &cfg);
+    if (st != VMMT_OK) {
+        /* The group owns the adapter from the call on: close it where the struct is one. */
+        if (size >= VMMT__GROUP_CONFIG_V1 && size <= VMMT__STRUCT_MAX &&
+            theirs->collective.close != NULL)
+            theirs->collective.close(theirs->collective.ctx);
+        return st;
+    }
     if ((st = check_config(config)) != VMMT_OK) goto fail_close;
     if ((g = calloc(1, sizeof *g)) == NULL) {
         st = vmmt__fail(VMMT_ENOMEM, "vmmt_group_create: no memory");

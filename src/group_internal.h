@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "abi.h"
 #include "broker_addr.h"
 #include "cuabi.h"
 #include "vmmt.h"
@@ -21,6 +22,17 @@
 #define VMMT__GROUP_DEF_ALLOCS  4096
 #define VMMT__GROUP_NODE_LEN    64
 #define VMMT__GROUP_CAUSE_LEN   320
+
+/* vmmt_group_config up to its last field of vmmt 0.1: the smallest size a caller may pass. */
+#define VMMT__GROUP_CONFIG_V1 VMMT__SIZE_V1(vmmt_group_config, max_allocations)
+
+/*
+ * The caller's config (size bytes, as it was compiled) as this library's,
+ * defaults in the fields it lacks; VMMT_EINVAL naming fn for a size no
+ * version has, or a field set that this library does not know (abi.h).
+ */
+int vmmt__group_config_in(const vmmt_group_config *theirs, size_t size, const char *fn,
+                          vmmt_group_config *ours);
 
 /*
  * What each rank says about itself when the group is created (all-gathered

@@ -335,16 +335,18 @@ int vmmt_group_local_collective(const char *job, int rank, int world_size, int t
     return VMMT_OK;
 }
 
-int vmmt_group_create_local(const vmmt_group_config *config, const char *job, vmmt_group **out)
+int vmmt_group_create_local_size(const vmmt_group_config *theirs, size_t size, const char *job,
+                                 vmmt_group **out)
 {
-    vmmt_group_config c;
+    vmmt_group_config c, *config = &c;
     int64_t bound;
     int st;
 
     if (out != NULL) *out = NULL;
-    if (config == NULL || out == NULL)
+    if (theirs == NULL || out == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_group_create_local: config and out must be set");
-    c = *config;
+    st = vmmt__group_config_in(theirs, size, "vmmt_group_create_local", &c);
+    if (st != VMMT_OK) return st;
     /* A collective waits while peers exchange descriptors: give it that bound and more
      * (in 64 bits, capped: a timeout near INT_MAX must not overflow). */
     bound =

@@ -13,7 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmmt.h"
+#include "abi.h" /* macros only: this library links libvmmt's public API alone */
+#include "vmmt_mpi.h"
+
+#define GROUP_CONFIG_V1 VMMT__SIZE_V1(vmmt_group_config, max_allocations)
 
 struct mpi_ctx {
     MPI_Comm comm;
@@ -70,18 +73,19 @@ static void mpi_close(void *ctx)
     free(m);
 }
 
-VMMT_API int vmmt_group_mpi_collective(const void *mpi_comm, vmmt_group_collective *out, int *rank,
+VMMT_API int vmmt_group_mpi_collective(MPI_Comm comm, vmmt_group_collective *out, int *rank,
                                        int *world_size)
 {
     struct mpi_ctx *m;
     int init = 0;
 
     if (out != NULL) memset(out, 0, sizeof *out);
-    if (mpi_comm == NULL || out == NULL || rank == NULL || world_size == NULL) return VMMT_EINVAL;
+    if (comm == MPI_COMM_NULL || out == NULL || rank == NULL || world_size == NULL)
+        return VMMT_EINVAL;
     MPI_Initialized(&init);
     if (!init) return VMMT_ESTATE;
     if ((m = calloc(1, sizeof *m)) == NULL) return VMMT_ENOMEM;
-    if (MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &m->comm) != MPI_SUCCESS) {
+    if (MPI_Comm_dup(comm, &m->comm) != MPI_SUCCESS) {
         free(m);
         return VMMT_ESYS;
     }
@@ -93,20 +97,28 @@ VMMT_API int vmmt_group_mpi_collective(const void *mpi_comm, vmmt_group_collecti
     return VMMT_OK;
 }
 
-VMMT_API int vmmt_group_create_mpi(const vmmt_group_config *config, const void *mpi_comm,
-                                   vmmt_group **out)
+/*
+ * The caller's config, of the size it was built with, goes to
+ * vmmt_group_create_size whole, with rank, world_size and the collective
+ * (fields of every version) set from the communicator: that call checks the
+ * size and any field this library does not know, with its messages.
+ */
+VMMT_API int vmmt_group_create_mpi_size(const vmmt_group_config *config, size_t size, MPI_Comm comm,
+                                        vmmt_group **out)
 {
-    vmmt_group_config c;
+    vmmt_group_config *c;
     int st;
 
     if (out != NULL) *out = NULL;
-    vmmt_group_config_init(&c);
-    if (config != NULL) c = *config;
-    c.world_size = 0; /* refused by vmmt_group_create, with its message, unless set below */
-    c.collective.close = NULL;
-    if (config != NULL && out != NULL &&
-        (st = vmmt_group_mpi_collective(mpi_comm, &c.collective, &c.rank, &c.world_size)) !=
-            VMMT_OK)
-        return st;
-    return vmmt_group_create(&c, out);
+    /* Refused by vmmt_group_create_size, with its message, before any MPI call. */
+    if (config == NULL || out == NULL || size < GROUP_CONFIG_V1 || size > VMMT__STRUCT_MAX)
+        return vmmt_group_create_size(config, size, out);
+    /* The caller's size, not ours: rank, world_size and collective are in every version. */
+    if ((c = calloc(1, size)) == NULL) return VMMT_ENOMEM;
+    memcpy(c, config, size);
+    c->collective.close = NULL;
+    st = vmmt_group_mpi_collective(comm, &c->collective, &c->rank, &c->world_size);
+    if (st == VMMT_OK) st = vmmt_group_create_size(c, size, out);
+    free(c);
+    return st;
 }

@@ -21,13 +21,17 @@
 #include "driver.h"
 #include "status.h"
 
-#define MAX_CONSUMERS 64
-#define TIMEOUT_MS    30000
+#define MAX_CONSUMERS  64
+#define TIMEOUT_MS     30000
+#define DEMO_IN_FLIGHT 8           /* buffers the default pool has room for */
+#define DEMO_MIN_POOL  (64u << 20) /* the smallest default pool */
+#define DEMO_MAX_SIZE  (1ull << 40)
 
 struct demo {
     int consumers;
     uint64_t size;
-    uint32_t count;
+    int count;
+    uint64_t pool_size; /* --pool; 0: room for DEMO_IN_FLIGHT buffers, at least DEMO_MIN_POOL */
     const char *driver;
     int devices;
     int host;    /* --host: a host pool, published from host memory with no context */
@@ -50,101 +54,73 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    unsigned long long v;
-    uint64_t mul = 1;
+static const struct cli_opt demo_opts_table[] = {
+    {"--consumers", CLI_INT, "N", 1, MAX_CONSUMERS, offsetof(struct demo, consumers),
+     "consumer processes, on the devices in turn (default 2)", NULL, NULL, 0},
+    {"--size", CLI_SIZE, "BYTES", 1, (double)DEMO_MAX_SIZE, offsetof(struct demo, size),
+     "bytes per buffer (default 4M)", NULL, NULL, 0},
+    {"--count", CLI_INT, "N", 1, 100000000, offsetof(struct demo, count),
+     "buffers to publish (default 64)", NULL, NULL, 0},
+    {"--pool", CLI_SIZE, "BYTES", 1, (double)(8 * DEMO_MAX_SIZE), offsetof(struct demo, pool_size),
+     "pool size (default: room for 8 buffers in flight, at least 64M)", NULL, NULL, 0},
+    {"--host", CLI_FLAG, NULL, 0, 0, offsetof(struct demo, host),
+     "a host pool: published from host memory, no CUDA context in the producer", NULL, NULL, 0},
+    {"--elastic", CLI_FLAG, NULL, 0, 0, offsetof(struct demo, elastic),
+     "an elastic device pool: device memory held only while buffers are in flight", NULL, NULL, 0},
+    {"--rate", CLI_REAL, "HZ", 0, 1e6, offsetof(struct demo, rate),
+     "publishes per second at most (default 0: as fast as the pool allows)", NULL, NULL, 0},
+    CLI_DRIVER_OPT(struct demo),
+};
 
-    /* strtoull takes "-1" (as 2^64 - 1) and saturates past 2^64: both refused. */
-    while (*s == ' ' || *s == '\t')
-        s++;
-    if (*s < '0' || *s > '9') return -1;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (end == s || errno == ERANGE) return -1;
-    if (*end == 'K' || *end == 'k')
-        mul = 1024, end++;
-    else if (*end == 'M' || *end == 'm')
-        mul = 1024 * 1024, end++;
-    else if (*end == 'G' || *end == 'g')
-        mul = 1024ull * 1024 * 1024, end++;
-    if (*end == 'i' || *end == 'B') end++;
-    if (*end == 'B') end++;
-    if (*end != '\0' || v == 0) return -1;
-    /* The pool holds eight buffers: that product must not wrap either. */
-    if (v > UINT64_MAX / 8 / mul) return -1;
-    *out = v * mul;
-    return 0;
-}
+const struct cli_command cli_demo_command = {
+    "demo",
+    "a producer and consumer processes moving buffers, checked byte for byte",
+    "The main job: this process publishes buffers of known content through a vmmt pool and\n"
+    "consumer processes check every byte. Exit 0 only when every byte matched and the pool\n"
+    "drained.",
+    demo_opts_table,
+    sizeof demo_opts_table / sizeof demo_opts_table[0],
+    "--host and --elastic exclude each other. The pool holds the control table too, so it\n"
+    "needs a little more than the buffers; the demo says which pool it makes before it\n"
+    "makes it.\n",
+};
 
 static int parse(int argc, char **argv, struct demo *o)
 {
+    char a[32], b[32];
+    int rc;
+
     o->consumers = 2;
     o->size = 4 << 20;
     o->count = 64;
-    /* Every option takes a value: step two at a time. */
-    for (int i = 1; i < argc; i += 2) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--host") == 0 || strcmp(a, "--elastic") == 0) {
-            *(a[2] == 'h' ? &o->host : &o->elastic) = 1;
-            i--; /* no value */
-            continue;
-        }
-        if (strcmp(a, "--help") == 0) {
-            printf("usage: vmmt demo [--consumers N] [--size BYTES] [--count N] "
-                   "[--host | --elastic] [--rate HZ] [--driver cuda|emu]\n");
-            exit(0);
-        } else if (strcmp(a, "--consumers") == 0 && v) {
-            o->consumers = atoi(v);
-        } else if (strcmp(a, "--size") == 0 && v) {
-            if (parse_size(v, &o->size) != 0) goto bad;
-        } else if (strcmp(a, "--count") == 0 && v) {
-            o->count = (uint32_t)strtoul(v, NULL, 10);
-        } else if (strcmp(a, "--driver") == 0 && v) {
-            o->driver = v;
-        } else if (strcmp(a, "--rate") == 0 && v) {
-            o->rate = strtod(v, NULL);
-            if (!(o->rate >= 0 && o->rate <= 1e6)) goto bad;
-        } else {
-            goto bad;
-        }
+    if ((rc = cli_parse(&cli_demo_command, argc, argv, o)) != CLI_OK) return rc;
+    if (o->host && o->elastic) {
+        fprintf(stderr, "vmmt demo: --host and --elastic exclude each other: choose one\n");
+        return CLI_ERROR;
     }
-    if (o->consumers < 1 || o->consumers > MAX_CONSUMERS || o->count == 0 ||
-        (o->host && o->elastic))
-        goto bad;
+    if (o->pool_size != 0 && o->pool_size < o->size) {
+        fprintf(stderr,
+                "vmmt demo: --pool %s cannot hold one buffer of --size %s: use a larger --pool "
+                "or a smaller --size\n",
+                cli_bytes(o->pool_size, a, sizeof a), cli_bytes(o->size, b, sizeof b));
+        return CLI_ERROR;
+    }
     return CLI_OK;
-bad:
-    fprintf(stderr,
-            "vmmt demo: bad arguments (consumers 1..%d, size like 4M, count >= 1, --host or "
-            "--elastic)\n"
-            "usage: vmmt demo [--consumers N] [--size BYTES] [--count N] [--host | --elastic] "
-            "[--rate HZ] [--driver cuda|emu]\n",
-            MAX_CONSUMERS);
-    return CLI_ERROR;
 }
 
-/* Without --driver: the GPU if there is one, else the emulator, saying so first. */
+/* The driver by the tool's one rule (cli_open_driver); consumers get the same one. */
 static int choose_driver(struct demo *o)
 {
-    if (o->driver != NULL) {
-        if (cli_select_driver(o->driver) != CLI_OK) return CLI_ERROR;
-        if (vmmt_driver_name() == NULL) {
-            printf("vmmt demo: %s\n", vmmt_last_error());
-            return CLI_ERROR;
-        }
-    } else if (vmmt_driver_name() == NULL) {
-        printf("vmmt demo: no GPU here (%s)\n"
-               "vmmt demo: running on the emulated driver (host memory): the same library code "
-               "and processes, but the timings say nothing about a GPU\n",
-               vmmt_last_error());
-        if (vmmt_driver_select("emu") != VMMT_OK || vmmt_driver_name() == NULL) {
-            printf("vmmt demo: %s\n", vmmt_last_error());
-            return CLI_ERROR;
-        }
+    int named_path = o->driver != NULL && strchr(o->driver, '/') != NULL;
+
+    if (cli_open_driver("demo", o->driver, stdout) != CLI_OK) return CLI_ERROR;
+    if (!named_path) o->driver = vmmt_driver_name();
+    if (vmmt_device_count(&o->devices) != VMMT_OK || o->devices < 1) {
+        printf("vmmt demo: %s\n",
+               o->devices < 1 ? "the driver reports no device" : vmmt_last_error());
+        return CLI_ERROR;
     }
-    o->driver = vmmt_driver_name();
-    return vmmt_device_count(&o->devices) == VMMT_OK ? CLI_OK : CLI_ERROR;
+    return CLI_OK;
 }
 
 static int spawn(struct demo *o, int k)
@@ -175,7 +151,7 @@ static int make_sources(struct demo *o)
     uint8_t *h = malloc(o->size);
     int st = VMMT_OK;
 
-    if (h == NULL) return VMMT_ENOMEM;
+    if (h == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory for %" PRIu64 " bytes", o->size);
     for (uint32_t p = 0; p < DEMO_PATTERNS && st == VMMT_OK; p++) {
         for (uint64_t j = 0; j < o->size; j++)
             h[j] = demo_byte(p, j);
@@ -192,7 +168,8 @@ static int make_host_sources(struct demo *o)
 {
     for (uint32_t p = 0; p < DEMO_PATTERNS; p++) {
         o->hsrc[p] = malloc(o->size);
-        if (o->hsrc[p] == NULL) return VMMT_ENOMEM;
+        if (o->hsrc[p] == NULL)
+            return vmmt__fail(VMMT_ENOMEM, "no host memory for %" PRIu64 " bytes", o->size);
         for (uint64_t j = 0; j < o->size; j++)
             o->hsrc[p][j] = demo_byte(p, j);
     }
@@ -270,7 +247,7 @@ static int run(struct demo *o, double *elapsed)
     double t0 = now_s(), deadline;
     vmmt_desc desc;
 
-    for (uint32_t i = 0; i < o->count; i++) {
+    for (uint32_t i = 0; i < (uint32_t)o->count; i++) {
         /* Paced (bench/interference.py): publish i no earlier than i / rate seconds in. */
         while (o->rate > 0 && now_s() < t0 + i / o->rate) {
             struct timespec pause = {0, 100000};
@@ -348,7 +325,7 @@ static void summary(struct demo *o, double elapsed, int drained, int bad_exits)
     for (int k = 0; k < o->consumers && k < 8; k++)
         printf("%s%d", k ? ", " : " ", k % o->devices);
     printf("%s\n", o->consumers > 8 ? ", ..." : "");
-    printf("moved: %u buffers x %.2f MiB to %d consumer(s) = %" PRIu64 " transfers, %.1f MiB\n",
+    printf("moved: %d buffers x %.2f MiB to %d consumer(s) = %" PRIu64 " transfers, %.1f MiB\n",
            o->count, (double)o->size / (1 << 20), o->consumers, o->replies, moved / (1 << 20));
     printf("verified: %" PRIu64 " of %" PRIu64 " byte for byte, %" PRIu64 " failed%s%s\n",
            o->verified, (uint64_t)o->count * o->consumers, o->mismatched,
@@ -376,13 +353,91 @@ static void cleanup(struct demo *o)
     vmmt__ctx_leave();
 }
 
+/* The pool --pool asks for, or room for DEMO_IN_FLIGHT buffers (at least DEMO_MIN_POOL). */
+static uint64_t pool_bytes(const struct demo *o)
+{
+    uint64_t want = o->size * DEMO_IN_FLIGHT;
+
+    if (o->pool_size != 0) return o->pool_size;
+    return want > DEMO_MIN_POOL ? want : DEMO_MIN_POOL;
+}
+
+/* Say which pool the demo makes and why, before making it. */
+static void describe_pool(const struct demo *o)
+{
+    char p[32], b[32];
+
+    printf("vmmt demo: %s pool of %s%s for %d consumer(s): ",
+           o->host      ? "a host"
+           : o->elastic ? "an elastic device"
+                        : "a device",
+           cli_bytes(pool_bytes(o), p, sizeof p), o->elastic ? " at most" : "", o->consumers);
+    if (o->pool_size != 0)
+        printf("as --pool says\n");
+    else
+        printf("room for %d buffers of %s (--size) in flight%s; --pool sets another size\n",
+               DEMO_IN_FLIGHT, cli_bytes(o->size, b, sizeof b),
+               o->size * DEMO_IN_FLIGHT < DEMO_MIN_POOL ? ", raised to the 64 MiB minimum" : "");
+}
+
+/*
+ * Refuse, naming the options, what the devices cannot hold: the pool and the
+ * producer's four source buffers on device 0, one buffer per consumer on
+ * its device. Found by the driver instead, it was a bare
+ * CUDA_ERROR_OUT_OF_MEMORY from a call the user never made.
+ */
+static int check_memory(const struct demo *o)
+{
+    const struct vmmt_drv *d = vmmt__drv();
+    char need[32], have[32], sz[32], pl[32], parts[128];
+
+    for (int dev = 0; dev < o->devices && dev < o->consumers; dev++) {
+        CUdevice h;
+        size_t total = 0;
+        double bytes;
+        int here = 0, pool_here = dev == 0 && !o->host && !o->elastic;
+        for (int k = dev; k < o->consumers; k += o->devices)
+            here++;
+        /* An elastic pool holds device memory only while buffers are in flight. */
+        bytes = (double)o->size * (here + (dev == 0 && !o->host ? DEMO_PATTERNS : 0)) +
+                (pool_here ? (double)pool_bytes(o) : 0.0);
+        if (d->cuDeviceGet(&h, dev) != CUDA_SUCCESS ||
+            d->cuDeviceTotalMem(&total, h) != CUDA_SUCCESS)
+            continue; /* the allocations themselves will say */
+        if (bytes <= (double)total) continue;
+        snprintf(parts, sizeof parts, "%s%s%s%s%d consumer buffer(s) of --size",
+                 pool_here ? "the " : "", pool_here ? cli_bytes(pool_bytes(o), pl, sizeof pl) : "",
+                 pool_here ? " pool; " : "", dev == 0 && !o->host ? "4 source and " : "", here);
+        printf("vmmt demo: --size %s needs %s on device %d (%s), more than its "
+               "%s; use a smaller --size%s\n",
+               cli_bytes(o->size, sz, sizeof sz), cli_bytes((uint64_t)bytes, need, sizeof need),
+               dev, parts, cli_bytes(total, have, sizeof have), pool_here ? " or --pool" : "");
+        return CLI_ERROR;
+    }
+    return CLI_OK;
+}
+
+/* A failure to make the pool or its sources, with the options that decided its size. */
+static int setup_failed(const struct demo *o, const char *what)
+{
+    char p[32], b[32];
+
+    printf("vmmt demo: cannot make %s (pool %s, buffers of %s): %s\n"
+           "vmmt demo: a smaller --size%s may fit\n",
+           what, cli_bytes(pool_bytes(o), p, sizeof p), cli_bytes(o->size, b, sizeof b),
+           vmmt_last_error(), o->pool_size ? " or --pool" : "");
+    return CLI_ERROR;
+}
+
 static int setup(struct demo *o)
 {
     vmmt_pool_config c;
-    uint64_t want = o->size * 8 > (64u << 20) ? o->size * 8 : (64u << 20);
 
+    describe_pool(o);
+    fflush(stdout);
+    if (check_memory(o) != CLI_OK) return CLI_ERROR;
     vmmt_pool_config_init(&c);
-    c.memory_size = want;
+    c.memory_size = pool_bytes(o);
     c.consumer_count = o->consumers;
     c.round_up = 1;
     c.memory_location = o->host ? VMMT_MEMORY_HOST : VMMT_MEMORY_DEVICE;
@@ -391,18 +446,17 @@ static int setup(struct demo *o)
     vmmt_set_log_level(VMMT_LOG_ERROR);
     if (o->host) {
         /* The producer of a host pool never makes a context current. */
-        if (vmmt_pool_create(&c, &o->pool) != VMMT_OK || make_host_sources(o) != VMMT_OK) {
-            printf("vmmt demo: %s\n", vmmt_last_error());
-            return CLI_ERROR;
-        }
+        if (vmmt_pool_create(&c, &o->pool) != VMMT_OK) return setup_failed(o, "the pool");
+        if (make_host_sources(o) != VMMT_OK) return setup_failed(o, "the source buffers");
     } else if (vmmt__ctx_enter(0) != VMMT_OK) {
-        return CLI_ERROR;
-    } else if (vmmt_pool_create(&c, &o->pool) != VMMT_OK ||
-               VMMT_CU(vmmt__drv(), cuStreamCreate(&o->stream, CU_STREAM_NON_BLOCKING)) !=
-                   VMMT_OK ||
-               make_sources(o) != VMMT_OK) {
         printf("vmmt demo: %s\n", vmmt_last_error());
         return CLI_ERROR;
+    } else if (vmmt_pool_create(&c, &o->pool) != VMMT_OK) {
+        return setup_failed(o, "the pool");
+    } else if (VMMT_CU(vmmt__drv(), cuStreamCreate(&o->stream, CU_STREAM_NON_BLOCKING)) !=
+                   VMMT_OK ||
+               make_sources(o) != VMMT_OK) {
+        return setup_failed(o, "the source buffers");
     }
     for (int k = 0; k < o->consumers; k++)
         if (spawn(o, k) != 0) {
@@ -420,10 +474,11 @@ int cmd_demo(int argc, char **argv)
 
     memset(&o, 0, sizeof o);
     if (argc >= 1 && strcmp(argv[0], "demo-consumer") == 0) return demo_consumer_main(argc, argv);
-    if (parse(argc, argv, &o) != CLI_OK || choose_driver(&o) != CLI_OK) return CLI_ERROR;
-    printf("vmmt demo: driver %s, %d device(s), %d consumer process(es), %u buffers of %" PRIu64
+    if ((rc = parse(argc, argv, &o)) != CLI_OK) return rc == CLI_HELP ? CLI_OK : CLI_ERROR;
+    if (choose_driver(&o) != CLI_OK) return CLI_ERROR;
+    printf("vmmt demo: driver %s, %d device(s), %d consumer process(es), %d buffers of %" PRIu64
            " bytes\n",
-           o.driver, o.devices, o.consumers, o.count, o.size);
+           vmmt_driver_name(), o.devices, o.consumers, o.count, o.size);
     fflush(stdout);
     rc = setup(&o);
     if (rc == CLI_OK) rc = run(&o, &elapsed);

@@ -5,6 +5,7 @@
  * pointers. Prints the time of the first registration per rank.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,48 +26,53 @@ struct gopts {
     struct gc_opts gc;
 };
 
+static const struct cli_opt group_opts_table[] = {
+    {"--ranks", CLI_INT, "N", 1, MAX_RANKS, offsetof(struct gopts, ranks),
+     "rank processes in the job (default 2)", NULL, NULL, 0},
+    {"--buffers", CLI_INT, "K", 1, 4096, offsetof(struct gopts, gc.buffers),
+     "buffers each rank registers (default 6)", NULL, NULL, 0},
+    {"--chunks", CLI_INT, "C", 2, 64, offsetof(struct gopts, gc.chunks),
+     "allocations a multi-allocation buffer crosses (default 3)", NULL, NULL, 0},
+    {"--size", CLI_SIZE, "BYTES", 2, 1ull << 30, offsetof(struct gopts, gc.size),
+     "bytes per allocation, rounded up to the granularity (default 2M)", NULL, NULL, 0},
+    {"--spread", CLI_FLAG, NULL, 0, 0, offsetof(struct gopts, spread),
+     "rank r on device r % devices (default: every rank on device 0)", NULL, NULL, 0},
+    {"--timeout", CLI_INT, "MS", 1, 3600000, offsetof(struct gopts, timeout_ms),
+     "bound of each exchange, in milliseconds (default 30000)", NULL, NULL, 0},
+    CLI_DRIVER_OPT(struct gopts),
+    /* How the job starts its ranks: this program again, one process per rank. */
+    {"--rank", CLI_INT, "R", 0, MAX_RANKS - 1, offsetof(struct gopts, rank), "", NULL, NULL, 1},
+    {"--job", CLI_TEXT, "NAME", 0, 0, offsetof(struct gopts, job), "", NULL, NULL, 1},
+};
+
+const struct cli_command cli_group_command = {
+    "group-test",
+    "N ranks map each other's buffers (some crossing C allocations) and read them",
+    "N ranks (processes of this program, meeting through the local adapter) register buffers,\n"
+    "every third crossing C allocations, with the group exchange, and every rank reads every\n"
+    "peer's through the pointers the group returns (docs/group.md).",
+    group_opts_table,
+    sizeof group_opts_table / sizeof group_opts_table[0],
+    "exit status: 0 when every rank read every peer's buffers, 1 on a mismatch, 2 on error.\n",
+};
+
 static int parse(int argc, char **argv, struct gopts *o)
 {
+    int rc;
+
     o->ranks = 2;
     o->rank = -1;
     o->timeout_ms = 30000;
     o->gc = (struct gc_opts){.buffers = 6, .chunks = 3, .size = 2u << 20, .again = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--spread") == 0) {
-            o->spread = 1;
-            continue;
-        }
-        if (v == NULL) goto usage;
-        i++;
-        if (strcmp(a, "--ranks") == 0)
-            o->ranks = atoi(v);
-        else if (strcmp(a, "--buffers") == 0)
-            o->gc.buffers = atoi(v);
-        else if (strcmp(a, "--chunks") == 0)
-            o->gc.chunks = atoi(v);
-        else if (strcmp(a, "--size") == 0)
-            o->gc.size = strtoull(v, NULL, 0);
-        else if (strcmp(a, "--driver") == 0)
-            o->driver = v;
-        else if (strcmp(a, "--timeout") == 0)
-            o->timeout_ms = atoi(v);
-        else if (strcmp(a, "--rank") == 0)
-            o->rank = atoi(v);
-        else if (strcmp(a, "--job") == 0)
-            o->job = v;
-        else
-            goto usage;
+    if ((rc = cli_parse(&cli_group_command, argc, argv, o)) != CLI_OK) return rc;
+    if (o->rank >= o->ranks || (o->rank >= 0) != (o->job != NULL)) {
+        fprintf(stderr,
+                "vmmt group-test: --rank %d --job %s: the job's own rank processes "
+                "pass both, with the rank below --ranks\n",
+                o->rank, o->job ? o->job : "(none)");
+        return CLI_ERROR;
     }
-    if (o->ranks >= 1 && o->ranks <= MAX_RANKS && o->gc.buffers >= 1 && o->gc.buffers <= 4096 &&
-        o->gc.chunks >= 2 && o->gc.chunks <= 64 && o->gc.size >= 2 && o->timeout_ms > 0)
-        return CLI_OK;
-usage:
-    fprintf(stderr, "usage: vmmt group-test [--ranks N] [--buffers K] [--chunks C] [--size BYTES] "
-                    "[--spread] [--timeout MS] [--driver cuda|emu]\n"
-                    "  N 1..64, K 1..4096, C 2..64 (allocations a multi-allocation buffer "
-                    "crosses)\n");
-    return CLI_ERROR;
+    return CLI_OK;
 }
 
 /* One rank: create the group, run the check, say what happened. */
@@ -178,13 +184,11 @@ int cmd_group(int argc, char **argv)
     char job[64];
     int worst = 0;
 
-    if (parse(argc, argv, &o) != CLI_OK) return CLI_ERROR;
-    if (o.rank >= 0) return o.job != NULL ? run_rank(&o) : CLI_ERROR;
-    if (o.driver == NULL && vmmt_driver_name() == NULL) {
-        printf("vmmt group-test: no GPU here (%s); running on the emulated driver\n",
-               vmmt_last_error());
-        o.driver = "emu";
-    }
+    if ((worst = parse(argc, argv, &o)) != CLI_OK) return worst == CLI_HELP ? CLI_OK : CLI_ERROR;
+    if (o.rank >= 0) return run_rank(&o);
+    if (cli_open_driver("group-test", o.driver, stdout) != CLI_OK) return CLI_ERROR;
+    /* The ranks load the driver this process found (auto resolved; a path kept). */
+    if (o.driver == NULL || strchr(o.driver, '/') == NULL) o.driver = vmmt_driver_name();
     snprintf(job, sizeof job, "group-test-%d", (int)getpid());
     printf("vmmt group-test: %d ranks, %d buffers each (every third crosses %d allocations), "
            "%llu bytes per allocation\n",

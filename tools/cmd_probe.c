@@ -1,4 +1,5 @@
 /* vmmt probe: what the driver and each device can do for CUDA VMM sharing. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -13,33 +14,25 @@ struct probe_opts {
     const char *driver;
 };
 
-static int parse(int argc, char **argv, struct probe_opts *o)
-{
-    o->device = -1;
-    o->json = 0;
-    o->driver = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            o->json = 1;
-        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
-            char *end;
-            o->device = (int)strtol(argv[++i], &end, 10);
-            if (*end != '\0' || o->device < 0) {
-                fprintf(stderr, "vmmt probe: --device needs a device number, got '%s'\n", argv[i]);
-                return CLI_ERROR;
-            }
-        } else if (strcmp(argv[i], "--driver") == 0 && i + 1 < argc) {
-            o->driver = argv[++i];
-        } else {
-            fprintf(stderr,
-                    "vmmt probe: unknown option '%s'\n"
-                    "usage: vmmt probe [--device N] [--json] [--driver cuda|emu]\n",
-                    argv[i]);
-            return CLI_ERROR;
-        }
-    }
-    return CLI_OK;
-}
+static const struct cli_opt probe_opts_table[] = {
+    {"--device", CLI_INT, "N", 0, 4095, offsetof(struct probe_opts, device),
+     "probe device N only (default: every device)", NULL, NULL, 0},
+    {"--json", CLI_FLAG, NULL, 0, 0, offsetof(struct probe_opts, json),
+     "print JSON instead of text", NULL, NULL, 0},
+    CLI_DRIVER_OPT(struct probe_opts),
+};
+
+const struct cli_command cli_probe_command = {
+    "probe",
+    "driver, devices and which CUDA VMM handle types work",
+    "The driver, each device, and for every CUDA VMM handle type its device attribute,\n"
+    "granularity and the result of a real allocation and export; then the type the library\n"
+    "selects and why.",
+    probe_opts_table,
+    sizeof probe_opts_table / sizeof probe_opts_table[0],
+    "exit status: 0 when a shareable handle type works, 3 when only NONE does, 2 on error\n"
+    "(no driver among them).\n",
+};
 
 static void text_device(const vmmt_device_probe *p, int st)
 {
@@ -128,18 +121,23 @@ int cmd_probe(int argc, char **argv)
     const char *driver;
     int version = 0, count = 0, rc = CLI_OK, first_dev, last_dev;
 
-    if (parse(argc, argv, &o) != CLI_OK) return CLI_ERROR;
-    if (cli_select_driver(o.driver) != CLI_OK) return CLI_ERROR;
+    o = (struct probe_opts){.device = -1};
+    if ((rc = cli_parse(&cli_probe_command, argc, argv, &o)) != CLI_OK)
+        return rc == CLI_HELP ? CLI_OK : CLI_ERROR;
+    if (cli_open_driver("probe", o.driver, o.json ? stderr : stdout) != CLI_OK) {
+        if (o.json) print_no_driver(&o, vmmt_last_status());
+        return CLI_ERROR;
+    }
     driver = vmmt_driver_name();
-    if (driver == NULL || vmmt_driver_version(&version) != VMMT_OK ||
-        vmmt_device_count(&count) != VMMT_OK) {
+    if (vmmt_driver_version(&version) != VMMT_OK || vmmt_device_count(&count) != VMMT_OK) {
         print_no_driver(&o, vmmt_last_status());
         return CLI_ERROR;
     }
     if (o.device >= count) {
         fprintf(stderr,
-                "vmmt probe: device %d does not exist; the %s driver reports %d device(s)\n",
-                o.device, driver, count);
+                "vmmt probe: --device %d: no such device; the %s driver reports %d device(s), "
+                "0 to %d\n",
+                o.device, driver, count, count - 1);
         return CLI_ERROR;
     }
     getrlimit(RLIMIT_NOFILE, &nofile);

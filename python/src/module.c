@@ -429,6 +429,7 @@ PyMODINIT_FUNC PyInit__vmmt(void)
         add_type(m, &vmmtpy_pool_spec, &vmmtpy_PoolType, "Pool") != 0 ||
         add_type(m, &vmmtpy_consumer_spec, &vmmtpy_ConsumerType, "Consumer") != 0 ||
         add_type(m, &vmmtpy_buffer_spec, &vmmtpy_BufferType, "Buffer") != 0 ||
+        add_type(m, &vmmtpy_group_spec, &vmmtpy_GroupType, "Group") != 0 ||
         PyModule_AddIntConstant(m, "DESC_SIZE", VMMT_DESC_SIZE) != 0 ||
         PyModule_AddIntConstant(m, "MAX_DIMS", VMMT_MAX_DIMS) != 0 ||
         PyModule_AddIntConstant(m, "ALL_RANKS", VMMT_ALL_RANKS) != 0 ||

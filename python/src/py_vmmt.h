@@ -60,6 +60,9 @@ int vmmtpy_tensor_to_buffer(const DLTensor *t, vmmt_buffer *b);
 /* Types, made from their specs at module init. */
 extern PyTypeObject *vmmtpy_PoolType, *vmmtpy_ConsumerType, *vmmtpy_BufferType;
 extern PyType_Spec vmmtpy_pool_spec, vmmtpy_consumer_spec, vmmtpy_buffer_spec;
+/* The group exchange (group.c): vmmt._vmmt.Group. */
+extern PyTypeObject *vmmtpy_GroupType;
+extern PyType_Spec vmmtpy_group_spec;
 
 /*
  * A Buffer that owns nbytes of device memory at ptr (vmmt_mem_alloc), with

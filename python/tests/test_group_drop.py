@@ -4,16 +4,13 @@ of its own and its peer's buffers, the peer's imported handles and their fds.
 
 Two ranks in two processes, their all-gather over a socket pair; each counts
 the emulated driver's live objects and its own fds before the group and
-after dropping it. The group is libvmmt's C API through ctypes: libvmmt.so
-comes from $VMMT_LIBRARY (python/tests/run sets it to the build's), and it
-loads the package's emulated driver (VMMT_EMU_LIBRARY), the one the counters
-read."""
+after dropping it. The group is the extension's vmmt.Group (python/src/group.c),
+whose finalizer destroys it; before issue 17 it was libvmmt's C API through a
+ctypes mirror, with a weakref finalizer."""
 import os
 import socket
 import subprocess
 import sys
-
-import pytest
 
 from child import EMU_LIBRARY, source
 
@@ -35,9 +32,8 @@ def gather(data):
     return [data, theirs] if rank == 0 else [theirs, data]
 
 
-lib = group_torch.load_library()
 before, fds = emu_counters.live(), emu_counters.open_fds()
-g = group_torch.BytesGroup(rank, 2, gather, timeout_ms=20000, lib=lib)
+g = group_torch.BytesGroup(rank, 2, gather, timeout_ms=20000)
 size = 2 * 65536
 ptr = g.alloc(size, chunks=2)
 ctypes.memset(ptr, rank + 1, size)
@@ -56,18 +52,9 @@ print("rank %d: dropped; nothing left of %r" % (rank, held))
 
 
 def test_group_dropped_without_close_leaks_nothing():
-    """Failed before the fix: a dropped group kept every allocation, mapping
-    and imported handle (no finalizer called vmmt_group_destroy)."""
-    library = os.environ.get("VMMT_LIBRARY")
-    if not library or not os.path.exists(library):
-        pytest.fail("VMMT_LIBRARY=%r is not libvmmt.so: python/tests/run sets it to "
-                    "BUILD_DIR/libvmmt.so; build the library first" % (library,))
-    # A ThreadSanitizer build's libvmmt.so cannot be dlopened by an uninstrumented
-    # python3 (its runtime needs static TLS); CTest's torch group test skips there too.
-    probe = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])",
-                            library], capture_output=True, text=True)
-    if probe.returncode != 0 and "static TLS" in probe.stderr:
-        pytest.skip("libvmmt.so is a ThreadSanitizer build: python3 cannot load it")
+    """Failed before the fix (issue 16): a dropped group kept every
+    allocation, mapping and imported handle (no finalizer called
+    vmmt_group_destroy)."""
     env = dict(os.environ, VMMT_EMU_LIBRARY=EMU_LIBRARY, VMMT_EMU_GRANULARITY="65536")
     ends = socket.socketpair()
     ranks = []

@@ -17,10 +17,10 @@ import sys
 import weakref
 
 from . import _vmmt
-from ._vmmt import Error, PoolFull, Timeout
+from ._vmmt import Error, Group, PoolFull, Timeout
 
 __all__ = ["Pool", "Consumer", "Descriptor", "Reservation", "Error", "PoolFull", "Timeout", "probe",
-           "select_driver", "driver_name", "device_count", "ALL_RANKS"]
+           "select_driver", "driver_name", "device_count", "ALL_RANKS", "Group"]
 __version__ = _vmmt.LIBRARY_VERSION
 
 ALL_RANKS = _vmmt.ALL_RANKS

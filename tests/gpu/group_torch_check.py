@@ -5,13 +5,12 @@ file store, so no network is needed) allocate tensors with PyTorch's
 expandable segments (CUDA VMM), register them, and read each other's through
 the returned pointers (wrapped with __cuda_array_interface__). One tensor is
 large enough to cross several of the allocator's segments. Prints the time
-to register 64 tensors. Needs torch with CUDA and build/libvmmt.so
-(VMMT_LIBRARY); tests/gpu/run calls it when torch imports.
+to register 64 tensors. Needs torch with CUDA and the vmmt package on the
+path (python/tests/gpu/run builds it and calls this when torch imports).
 
-    VMMT_LIBRARY=build/libvmmt.so python3 tests/gpu/group_torch_check.py [--spread]
+    PYTHONPATH=<built package> python3 tests/gpu/group_torch_check.py [--spread]
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -19,14 +18,6 @@ import tempfile
 import time
 
 WORLD = 2
-
-
-def load_adapter():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "python", "vmmt", "group_torch.py")
-    spec = importlib.util.spec_from_file_location("vmmt_group_torch", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class DeviceView:
@@ -44,8 +35,9 @@ def rank_main(rank, store, spread):
     dev = rank % torch.cuda.device_count() if spread else 0
     torch.cuda.set_device(dev)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
-    mod = load_adapter()
-    g = mod.TorchGroup(device=dev, timeout_ms=60000)
+    from vmmt.group_torch import TorchGroup
+
+    g = TorchGroup(device=dev, timeout_ms=60000)
     small = torch.full((4096,), rank + 1, dtype=torch.uint8, device="cuda")
     big = torch.full((96 << 20,), rank + 11, dtype=torch.uint8, device="cuda")  # many segments
     torch.cuda.synchronize()

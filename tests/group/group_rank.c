@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #ifdef GROUP_RANK_MPI
-#include <mpi.h>
+#include "vmmt_mpi.h"
 #endif
 
 #include "driver.h"
@@ -259,7 +259,7 @@ static int run(const char *adapter, const char *job, void *comm)
         st = vmmt_group_local_collective(job, g_rank, g_world, 10000, &c.collective);
     } else {
 #ifdef GROUP_RANK_MPI
-        st = vmmt_group_mpi_collective(comm, &c.collective, &c.rank, &c.world_size);
+        st = vmmt_group_mpi_collective(*(MPI_Comm *)comm, &c.collective, &c.rank, &c.world_size);
 #else
         (void)comm;
         st = VMMT_ENOTSUP;

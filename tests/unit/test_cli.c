@@ -110,7 +110,8 @@ static void test_probe_bad_args(void **state)
     assert_int_equal(run_tool(NULL, args, g_out), 2);
     assert_contains(g_out, "unknown option '--frobnicate'");
     assert_int_equal(run_tool(NULL, args2, g_out), 2);
-    assert_contains(g_out, "unknown driver 'opencl'");
+    assert_contains(g_out, "--driver opencl: expected cuda, emu, auto, or the path of a driver "
+                           "library");
 }
 
 static void test_demo_emu(void **state)
@@ -124,15 +125,46 @@ static void test_demo_emu(void **state)
     assert_contains(g_out, "result: OK");
 }
 
-static void test_demo_falls_back_without_gpu(void **state)
+/*
+ * One rule without a GPU for every subcommand (issue 17): the default driver
+ * stops with exit 2, naming --driver emu and --driver auto; --driver auto
+ * falls back to the emulator, saying so first. Before, demo and group-test
+ * fell back on their own while probe and bench stopped.
+ */
+static void test_no_gpu_rule(void **state)
 {
     const char *env[] = {"VMMT_LIBCUDA=/nonexistent/libcuda.so.1", NULL};
-    const char *args[] = {"demo", "--count", "8", "--size", "1M", NULL};
+    const char *plain[][8] = {
+        {"probe", NULL},
+        {"demo", "--count", "2", "--size", "64K", NULL},
+        {"bench", "--quick", "--only", "S1", NULL},
+        {"group-test", "--ranks", "2", "--buffers", "1", "--size", "64K", NULL},
+    };
     (void)state;
-    assert_int_equal(run_tool(env, args, g_out), 0);
-    assert_true(strncmp(g_out, "vmmt demo: no GPU here (no NVIDIA driver", 40) == 0);
-    assert_contains(g_out, "running on the emulated driver");
-    assert_contains(g_out, "result: OK");
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        const char *autoargs[12];
+        char prefix[64];
+        size_t n = 0;
+        snprintf(prefix, sizeof prefix, "vmmt %s: no NVIDIA driver", plain[i][0]);
+        assert_int_equal(run_tool(env, plain[i], g_out), 2);
+        if (strncmp(g_out, prefix, strlen(prefix)) != 0)
+            fail_msg("%s without a GPU does not start with \"%s\":\n%s", plain[i][0], prefix,
+                     g_out);
+        assert_contains(g_out, "to run without a GPU: --driver emu");
+        assert_contains(g_out, "--driver auto");
+        for (; plain[i][n] != NULL; n++)
+            autoargs[n] = plain[i][n];
+        autoargs[n++] = "--driver";
+        autoargs[n++] = "auto";
+        autoargs[n] = NULL;
+        if (run_tool(env, autoargs, g_out) != 0)
+            fail_msg("%s --driver auto without a GPU failed:\n%s", plain[i][0], g_out);
+        snprintf(prefix, sizeof prefix, "vmmt %s: no GPU here (no NVIDIA driver", plain[i][0]);
+        if (strncmp(g_out, prefix, strlen(prefix)) != 0)
+            fail_msg("%s --driver auto does not say first that there is no GPU:\n%s", plain[i][0],
+                     g_out);
+        assert_contains(g_out, "--driver auto: running on the emulated driver");
+    }
 }
 
 static void test_demo_pool_pressure(void **state)
@@ -145,21 +177,62 @@ static void test_demo_pool_pressure(void **state)
     assert_contains(g_out, "result: OK");
 }
 
-/*
- * Attack finding: --size went through strtoull unchecked, so "-1" and a
- * number past 2^64 became 18446744073709551615 bytes, and the pool size
- * (eight buffers) wrapped; "20000000000G" wrapped too. All are bad arguments.
- */
-static void test_demo_size_out_of_range(void **state)
+/* The demo says which pool it makes and why, before making it (issue 17). */
+static void test_demo_says_its_pool(void **state)
 {
-    const char *sizes[] = {"-1", "-4M", "99999999999999999999999", "20000000000G",
-                           "18446744073709551615"};
+    const char *def[] = {"demo", "--driver", "emu", "--count", "2", "--size", "16M", NULL};
+    const char *small[] = {"demo", "--driver", "emu", "--count", "2", "--size", "64K", NULL};
+    const char *pool[] = {"demo",   "--driver", "emu",    "--count", "2",
+                          "--size", "1M",       "--pool", "8M",      NULL};
     (void)state;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        const char *args[] = {"demo", "--driver", "emu", "--count", "1", "--size", sizes[i], NULL};
-        assert_int_equal(run_tool(NULL, args, g_out), 2);
-        assert_contains(g_out, "bad arguments");
-    }
+    assert_int_equal(run_tool(NULL, def, g_out), 0);
+    assert_contains(g_out, "a device pool of 128 MiB for 2 consumer(s): room for 8 buffers of "
+                           "16 MiB (--size) in flight; --pool sets another size");
+    assert_contains(g_out, "pool: device memory for device 0, 128.0 MiB");
+    assert_int_equal(run_tool(NULL, small, g_out), 0);
+    assert_contains(g_out, "a device pool of 64 MiB for 2 consumer(s): room for 8 buffers of "
+                           "64 KiB (--size) in flight, raised to the 64 MiB minimum");
+    assert_int_equal(run_tool(NULL, pool, g_out), 0);
+    assert_contains(g_out, "a device pool of 8 MiB for 2 consumer(s): as --pool says");
+    assert_contains(g_out, "pool: device memory for device 0, 8.0 MiB");
+    assert_contains(g_out, "result: OK");
+}
+
+/*
+ * A --size the device cannot hold is refused naming --size and what it
+ * needs, before anything is allocated. Failed before: a bare
+ * "cuMemAlloc(&o->src[p], o->size) -> CUDA_ERROR_OUT_OF_MEMORY".
+ */
+static void test_demo_size_too_large_for_device(void **state)
+{
+    const char *env[] = {"VMMT_EMU_TOTAL_MEM=268435456", NULL}; /* 256 MiB a device */
+    const char *big[] = {"demo", "--driver", "emu", "--count", "1", "--size", "40M", NULL};
+    const char *pool[] = {"demo",   "--driver", "emu",    "--count", "1",
+                          "--size", "1M",       "--pool", "1G",      NULL};
+    const char *elastic[] = {"demo",   "--driver", "emu",       "--count", "1",
+                             "--size", "60M",      "--elastic", NULL};
+    (void)state;
+    assert_int_equal(run_tool(env, big, g_out), 2);
+    assert_contains(g_out, "--size 40 MiB needs 520 MiB on device 0 (the 320 MiB pool; 4 source "
+                           "and 1 consumer buffer(s) of --size), more than its 256 MiB; use a "
+                           "smaller --size or --pool");
+    assert_int_equal(run_tool(env, pool, g_out), 2);
+    assert_contains(g_out, "(the 1 GiB pool; 4 source and 1 consumer buffer(s) of --size)");
+    /* An elastic pool holds memory only while buffers are in flight: its sources count. */
+    assert_int_equal(run_tool(env, elastic, g_out), 2);
+    assert_contains(g_out, "--size 60 MiB needs 300 MiB on device 0 (4 source and 1 consumer "
+                           "buffer(s) of --size)");
+    assert_null(strstr(g_out, "CUDA_ERROR_OUT_OF_MEMORY"));
+}
+
+static void test_version(void **state)
+{
+    const char *args[] = {"version", NULL};
+    char want[64];
+    (void)state;
+    snprintf(want, sizeof want, "vmmt %s\n", VMMT_VERSION_STRING);
+    assert_int_equal(run_tool(NULL, args, g_out), 0);
+    assert_string_equal(g_out, want);
 }
 
 int main(void)
@@ -172,9 +245,11 @@ int main(void)
         cmocka_unit_test(test_driver_library_choice),
         cmocka_unit_test(test_probe_bad_args),
         cmocka_unit_test(test_demo_emu),
-        cmocka_unit_test(test_demo_falls_back_without_gpu),
+        cmocka_unit_test(test_no_gpu_rule),
         cmocka_unit_test(test_demo_pool_pressure),
-        cmocka_unit_test(test_demo_size_out_of_range),
+        cmocka_unit_test(test_demo_says_its_pool),
+        cmocka_unit_test(test_demo_size_too_large_for_device),
+        cmocka_unit_test(test_version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -306,7 +306,7 @@ static void test_demo_host_and_elastic(void **state)
     expect_in(out, "elastic: ");
     expect_in(out, "result: OK");
     assert_int_not_equal(tu_run_tool(NULL, both, out, sizeof out), 0);
-    expect_in(out, "--host or --elastic");
+    expect_in(out, "--host and --elastic exclude each other");
 }
 
 /* ------------------------------------------------- emulator model */
