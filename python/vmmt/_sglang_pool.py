@@ -389,9 +389,10 @@ class CudaVmmMemoryPool:
     # ---------------------------------------------------------- cancel
 
     def _cancel_descriptor(self, desc):
+        # Refused by every consumer once cancel returns (vmmt.h); the reclaim
+        # frees its slice now rather than at the recycler's next pass, so
+        # sglang's "free once cancelled" holds for the next wrap.
         self._pool.cancel(desc)
-        # The recycler would free it within a millisecond; a consumer could
-        # still take it meanwhile (its ready word is retired then): now.
         self._pool.reclaim()
         with self._lock:
             chunk = self._live.get(desc.slot)
