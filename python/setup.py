@@ -23,7 +23,7 @@ def rel(path):
 
 
 # group_mpi.c is the MPI adapter, built only where MPI is (libvmmt_mpi, CMakeLists.txt).
-LIB_SOURCES = sorted(p for p in glob.glob(os.path.join(ROOT, "src", "*.c"))
+LIB_SOURCES = sorted(p for p in glob.glob(os.path.join(ROOT, "src", "*", "*.c"))
                      if os.path.basename(p) != "group_mpi.c")
 EXT_SOURCES = sorted(glob.glob(os.path.join(HERE, "src", "*.c")))
 # The emulated driver (emu/) is its own libvmmt_emu.so, shipped beside the
@@ -38,8 +38,15 @@ CFLAGS = ["-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-pa
 if os.environ.get("CC", "gcc").endswith("gcc") or "CC" not in os.environ:
     CFLAGS.append("-Wno-format-truncation")
 MACROS = [("_GNU_SOURCE", None), ("VMMT_API", "")]
-INCLUDES = [rel(os.path.join(ROOT, "include")), rel(os.path.join(ROOT, "src")),
-            rel(os.path.join(HERE, "src"))]
+# The library's parts that every part sees (CMakeLists.txt, VMMT_SHARED_PARTS); a
+# producer or consumer file finds its own part's headers beside itself.
+# The extension's pool keeper (python/src/pool_keep.c) reads the producer's
+# table itself, so it sees the producer's headers too; the CMake build, which
+# compiles the library apart, is what keeps producer and consumer apart.
+SHARED_PARTS = ["common", "driver", "wire", "broker", "producer"]
+INCLUDES = ([rel(os.path.join(ROOT, "include"))] +
+            [rel(os.path.join(ROOT, "src", part)) for part in SHARED_PARTS] +
+            [rel(os.path.join(HERE, "src"))])
 
 
 class BuildExt(build_ext):

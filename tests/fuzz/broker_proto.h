@@ -1,5 +1,5 @@
 /*
- * The broker protocol the fuzz targets check: version 3 (src/broker_wire.h,
+ * The broker protocol the fuzz targets check: version 3 (src/wire/broker_wire.h,
  * docs/broker.md). Both sides' parsers are reached without a socket, through
  * the pure entry points the broker keeps for this: the server's request check
  * (vmmt__breq_parse) and link-message check (vmmt__bmsg_parse), and the

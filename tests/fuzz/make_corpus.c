@@ -119,7 +119,7 @@ static void fabric_desc(void)
     d.slot_stride = 36;
     d.data_offset = 2u << 20;
     d.slot = 4095;
-    d.generation = 0xfffffffdu; /* the last generation (src/generation.h) */
+    d.generation = 0xfffffffdu; /* the last generation (src/wire/generation.h) */
     d.slice_offset = d.alloc_size - (1u << 20);
     d.slice_bytes = 1u << 20;
     d.offset = d.slice_offset;

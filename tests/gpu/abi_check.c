@@ -1,7 +1,7 @@
 /*
  * Prints the layout and constants of the CUDA ABI slice vmmt declares. Built
  * twice by tests/gpu/run, once against the real cuda.h (-DUSE_CUDA_H) and
- * once against src/cuabi.h; the two outputs must be identical.
+ * once against src/driver/cuabi.h; the two outputs must be identical.
  */
 #include <stddef.h>
 #include <stdio.h>

@@ -48,7 +48,7 @@ unsigned m_all(const struct m_inst *in)
     return (1u << in->ranks) - 1;
 }
 
-/* The next generation a publish could hand out (src/generation.h): 4k + 1, stepping by 4. */
+/* The next generation a publish could hand out (src/wire/generation.h): 4k + 1, stepping by 4. */
 uint32_t m_next_gen(uint32_t g)
 {
     return g == 0 || g == 0xfffffffdu ? 5 : g + 4;
@@ -363,7 +363,7 @@ struct m_verdict m_judge_forged(const struct model *m, const struct m_forged *f,
         v.why = "fails the descriptor's validation: VMMT_EPROTO (or VMMT_EINVAL)";
         return v;
     }
-    /* Every record is sealed by its producer (src/seal.h): one with any byte changed is no
+    /* Every record is sealed by its producer (src/wire/seal.h): one with any byte changed is no
      * producer's, whatever it names, and an OK for it is a finding. */
     (void)named;
     (void)in;

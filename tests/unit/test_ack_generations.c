@@ -552,7 +552,7 @@ static void op_publish(struct model *m)
     x.gen = gen_of(&x.d);
     x.live = 1;
     assert_true(x.slot < SLOTS);
-    /* One counter for the pool (src/generation.h), failed publishes retiring what
+    /* One counter for the pool (src/wire/generation.h), failed publishes retiring what
      * they took: the slot's next occupant is later, never the same. */
     assert_true(x.gen > m->last_gen[x.slot] && vmmt__generation_valid(x.gen));
     m->last_gen[x.slot] = x.gen;

@@ -1,6 +1,6 @@
 /*
  * What the group exchange assumes of the driver when it walks a buffer
- * (src/group_reg.c), checked on the emulator here and on the real driver by
+ * (src/group/group_reg.c), checked on the emulator here and on the real driver by
  * tests/gpu/run (VMMT_TEST_DRIVER=cuda): cuMemGetAddressRange gives each
  * cuMemMap'ed allocation as its own range even when several sit side by side
  * in one reservation; cuMemRetainAllocationHandle at any address inside gives

@@ -486,7 +486,7 @@ static void test_reject_geometry(void **state)
     d = valid_fd();
     d.generation = 0;
     expect_reject(&d, "generation=0");
-    /* Only 4k + 1 (k >= 1) is a generation: the other words are states (src/generation.h). */
+    /* Only 4k + 1 (k >= 1) is a generation: the other words are states (src/wire/generation.h). */
     for (uint32_t g = 1; g <= 8; g++) {
         d.generation = g;
         if (g == VMMT__GEN_FIRST) continue;

@@ -379,7 +379,7 @@ static void *share_slots(void *arg)
  * 208 of 80,000 publishes; 19 runs of 20 with both cores busy). The Python
  * test of four threads on 256 slots (test_leaks.py) failed so on a busy
  * machine. A sweep and a reservation in one hold of the lock made it pass
- * every run (a trial, not committed: src/publish.c is the lead's).
+ * every run (a trial, not committed: src/producer/publish.c is the lead's).
  */
 static void test_publish_finds_acknowledged_slots(void **state)
 {

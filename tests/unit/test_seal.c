@@ -1,5 +1,5 @@
 /*
- * Every descriptor carries a seal under its pool's key (src/seal.h), checked
+ * Every descriptor carries a seal under its pool's key (src/wire/seal.h), checked
  * before any field is believed. Each case here got an answer other than a
  * refusal from a record that was not the producer's (tests/model/FINDINGS.md):
  * a forged first descriptor became a process's record of the pool and its

@@ -35,6 +35,12 @@ static inline uint64_t vmmt__ctrl_ack(uint64_t table, uint32_t stride, uint32_t 
     return vmmt__ctrl_ready(table, stride, slot) + 4u * (1u + rank);
 }
 
+/* Bytes of an elastic pool's chunk incarnation words after the rows of its shared table. */
+static inline uint64_t vmmt__elastic_words_bytes(uint64_t alloc_size, uint64_t chunk)
+{
+    return alloc_size / chunk * 4u;
+}
+
 /* Acquire load of a table word written by another process or a GPU. */
 static inline uint32_t vmmt__ctrl_load(const uint32_t *word)
 {

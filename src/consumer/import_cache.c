@@ -16,7 +16,7 @@
 #include "ctrl.h"
 #include "desc.h"
 #include "driver.h"
-#include "elastic.h"
+#include "chunk_map.h"
 #include "status.h"
 #include "vmm.h"
 

@@ -15,7 +15,7 @@
 #include "vmmt.h"
 
 /* Version 2: the control table's ready words name an occupant's state
- * (src/ctrl.h); version 1's generations stepped by one. */
+ * (src/wire/ctrl.h); version 1's generations stepped by one. */
 #define VMMT__DESC_VERSION  2
 #define VMMT__MAX_CONSUMERS 256
 /* Slots of a control table at most (max_slices), for writer and reader alike. */

@@ -1,7 +1,7 @@
 /*
  * The checks the broker runs on what a peer sends: pure functions of the
  * bytes, so that they can be tested and fuzzed alone. Layouts:
- * src/broker_wire.h and docs/broker.md.
+ * src/wire/broker_wire.h and docs/broker.md.
  */
 #include "broker_wire.h"
 

@@ -157,7 +157,7 @@ int vmmt__pool_reclaim(struct vmmt_pool *p, uint32_t *freed);
 uint32_t vmmt__pool_sweep_locked(struct vmmt_pool *p);
 
 /*
- * Write slot's RETIRED word now (src/generation.h): a CPU store into a
+ * Write slot's RETIRED word now (src/wire/generation.h): a CPU store into a
  * shared table, else a copy on the pool's stream, synchronized, so that it
  * has landed before the slice can be given to anyone else. The context need
  * not be current; the caller is active or the recycler.

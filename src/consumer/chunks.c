@@ -28,7 +28,7 @@
 #include "clock.h"
 #include "ctrl.h"
 #include "driver.h"
-#include "elastic.h"
+#include "chunk_map.h"
 #include "status.h"
 #include "vmm.h"
 
