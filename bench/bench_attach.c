@@ -57,7 +57,14 @@ static int s6_fetch(struct s6_ctx *x, const vmmt_desc *desc)
     if (st == VMMT_OK && fds[1] >= 0 && x->table != NULL) {
         struct vmmt__ctrl t;
         t0 = bench_now_us();
-        struct vmmt__ctrl_record rec = {d.table_slots, d.slot_stride, d.consumer_count, {0}};
+        struct vmmt__ctrl_record rec;
+        memset(&rec, 0, sizeof rec);
+        rec.slots = d.table_slots;
+        rec.stride = d.slot_stride;
+        rec.consumers = d.consumer_count;
+        memcpy(rec.pool_id, d.pool_id, sizeof rec.pool_id);
+        rec.table_offset = d.table_offset;
+        rec.data_offset = d.data_offset;
         st = vmmt__ctrl_attach_shared(fds[1], (size_t)d.table_slots * d.slot_stride, &rec, 0, &t);
         if (st == VMMT_OK && bench_series_add(x->table, bench_now_us() - t0)) st = VMMT_ENOMEM;
         if (st == VMMT_OK) vmmt__ctrl_release(&t);

@@ -188,6 +188,21 @@ static void retry_retired(vmmt_consumer *c)
 
 static int copies(const struct imported *ip);
 
+/* The pool record a descriptor's pool must have (ctrl.h); the key is the record's to give. */
+static struct vmmt__ctrl_record record_of(const struct vmmt__desc *d)
+{
+    struct vmmt__ctrl_record r;
+
+    memset(&r, 0, sizeof r);
+    r.slots = d->table_slots;
+    r.stride = d->slot_stride;
+    r.consumers = d->consumer_count;
+    memcpy(r.pool_id, d->pool_id, sizeof r.pool_id);
+    r.table_offset = d->table_offset;
+    r.data_offset = d->data_offset;
+    return r;
+}
+
 /* For the chunk map, which unmaps a chunk only then: is no copy out of ip queued? */
 static int quiet(void *arg)
 {
@@ -204,7 +219,7 @@ static int quiet(void *arg)
 static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
 {
     uint64_t table = (uint64_t)d->table_slots * d->slot_stride;
-    struct vmmt__ctrl_record rec = {d->table_slots, d->slot_stride, d->consumer_count, {0}};
+    struct vmmt__ctrl_record rec = record_of(d);
     struct vmmt__broker_peer producer;
     int fd = -1, st;
 
@@ -253,7 +268,7 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
         st = vmmt__mapping_import_posix_fd(ip->device, fds[0], d->alloc_size, &ip->map);
     t2 = vmmt__now_us();
     if (st == VMMT_OK && ip->host_table) {
-        struct vmmt__ctrl_record rec = {d->table_slots, d->slot_stride, d->consumer_count, {0}};
+        struct vmmt__ctrl_record rec = record_of(d);
         st = vmmt__ctrl_attach_shared(fds[1], (size_t)d->table_slots * d->slot_stride, &rec, 0,
                                       &ip->ctrl);
         if (st == VMMT_OK) memcpy(ip->seal_key, rec.key, sizeof ip->seal_key);
@@ -285,14 +300,13 @@ static int import_posix(vmmt_consumer *c, const struct vmmt__desc *d, struct imp
 }
 
 /*
- * A device table's pool record (ctrl.h), after its rows in the allocation:
- * its geometry against the descriptor's, and the seal key. The descriptor's
- * own check put the record before data_offset, inside the allocation.
+ * A device table's pool record (ctrl.h), at the allocation's offset 0: the
+ * pool it describes against the descriptor, and the seal key.
  */
 static int read_device_record(vmmt_consumer *c, const struct vmmt__desc *d, struct imported *ip)
 {
-    struct vmmt__ctrl_record rec = {d->table_slots, d->slot_stride, d->consumer_count, {0}};
-    CUdeviceptr at = ip->table + (uint64_t)d->table_slots * d->slot_stride;
+    struct vmmt__ctrl_record rec = record_of(d);
+    CUdeviceptr at = ip->map.base; /* offset 0: no descriptor field says where */
     struct timespec until;
     int st;
 

@@ -140,7 +140,7 @@ int vmmt__host_pool_table(struct vmmt_pool *p)
     int st =
         vmmt__ctrl_create_shared_unregistered(p->table_bytes + VMMT__CTRL_RECORD_BYTES, &p->ctrl);
 
-    if (st == VMMT_OK) st = vmmt__pool_put_record(p, (uint8_t *)p->ctrl.host + p->table_bytes);
+    if (st == VMMT_OK) st = vmmt__pool_put_record(p, p->ctrl.base);
     p->table_host = p->ctrl.host;
     p->ctrl_dev = 0; /* until a publish from device memory registers it */
     return st;

@@ -190,8 +190,17 @@ static int allocate(struct vmmt_pool *p)
  */
 int vmmt__pool_put_record(const struct vmmt_pool *p, uint8_t out[VMMT__CTRL_RECORD_BYTES])
 {
-    struct vmmt__ctrl_record r = {p->slots, p->stride, (uint32_t)p->cfg.consumer_count, {0}};
+    struct vmmt__ctrl_record r;
 
+    memset(&r, 0, sizeof r);
+    r.slots = p->slots;
+    r.stride = p->stride;
+    r.consumers = (uint32_t)p->cfg.consumer_count;
+
+    /* Called before the layout is done for a shared table, whose data starts at 0. */
+    r.table_offset = VMMT__CTRL_RECORD_BYTES;
+    r.data_offset = p->host_table ? 0 : p->data_offset;
+    memcpy(r.pool_id, p->tmpl.pool_id, sizeof r.pool_id);
     memcpy(r.key, p->seal_key, sizeof r.key);
     vmmt__ctrl_record_encode(&r, out);
     return vmmt__ctrl_record_check(out, &r, "the pool record just written");
@@ -209,8 +218,7 @@ static int make_shared_table(struct vmmt_pool *p)
     uint64_t words = p->el ? vmmt__elastic_words_bytes(p->map.size, p->el->chunk) : 0;
     int st = vmmt__ctrl_create_shared(p->table_bytes + words + VMMT__CTRL_RECORD_BYTES, &p->ctrl);
 
-    if (st == VMMT_OK)
-        st = vmmt__pool_put_record(p, (uint8_t *)p->ctrl.host + p->table_bytes + words);
+    if (st == VMMT_OK) st = vmmt__pool_put_record(p, p->ctrl.base);
     p->table_host = p->ctrl.host;
     p->ctrl_dev = p->ctrl.dev;
     if (st != VMMT_ENOTSUP) return st;
@@ -238,7 +246,7 @@ static int layout(struct vmmt_pool *p)
     if (p->host_table && !p->host_mem && (st = make_shared_table(p)) != VMMT_OK) return st;
     if (p->host_table)
         data = 0; /* the whole allocation is data */
-    else if (vmmt__align_up(p->table_bytes + VMMT__CTRL_RECORD_BYTES, VMMT__DATA_ALIGN, &data) !=
+    else if (vmmt__align_up(VMMT__CTRL_RECORD_BYTES + p->table_bytes, VMMT__DATA_ALIGN, &data) !=
              VMMT_OK)
         return VMMT_EINVAL;
     p->data_offset = data;
@@ -291,17 +299,17 @@ static int setup_stream(struct vmmt_pool *p)
     if (st != VMMT_OK) return st;
     /* A shared host table was made with the layout. */
     if (p->host_table) return VMMT_OK;
-    p->ctrl_dev = p->map.base;
+    p->ctrl_dev = p->map.base + VMMT__CTRL_RECORD_BYTES; /* the rows, after the pool record */
     st = VMMT_CU(d, cuMemAllocHost((void **)&p->table_host, p->table_bytes));
     if (st != VMMT_OK) return st;
     st = vmmt__pool_put_record(p, record);
-    if (st == VMMT_OK) st = VMMT_CU(d, cuMemsetD8Async(p->map.base, 0, p->table_bytes, p->stream));
+    if (st == VMMT_OK) st = VMMT_CU(d, cuMemsetD8Async(p->ctrl_dev, 0, p->table_bytes, p->stream));
     /* Stream writes of the words' values, not a copy from `record`: a failed synchronize
      * returns with the copy still queued, reading a stack frame gone by then. */
     for (uint32_t i = 0; st == VMMT_OK && i < sizeof record / 4; i++) {
         uint32_t w = (uint32_t)record[4 * i] | (uint32_t)record[4 * i + 1] << 8 |
                      (uint32_t)record[4 * i + 2] << 16 | (uint32_t)record[4 * i + 3] << 24;
-        st = VMMT_CU(d, cuStreamWriteValue32(p->stream, p->map.base + p->table_bytes + 4 * i, w,
+        st = VMMT_CU(d, cuStreamWriteValue32(p->stream, p->map.base + 4 * i, w,
                                              CU_STREAM_WRITE_VALUE_DEFAULT));
     }
     if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
@@ -396,7 +404,7 @@ static void fill_template(struct vmmt_pool *p)
     t->producer_pidns = vmmt__pidns_id();
     t->consumer_count = (uint32_t)p->cfg.consumer_count;
     t->alloc_size = p->map.size;
-    t->table_offset = 0;
+    t->table_offset = VMMT__CTRL_RECORD_BYTES; /* shared or device table: the record comes first */
     t->table_slots = p->slots;
     t->slot_stride = p->stride;
     t->data_offset = p->data_offset;

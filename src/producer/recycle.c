@@ -256,7 +256,7 @@ int vmmt__pool_read_table(struct vmmt_pool *p)
     if (p->host_table) return VMMT_OK;
     st = vmmt__ctx_enter(p->device);
     if (st != VMMT_OK) return st;
-    st = VMMT_CU(d, cuMemcpyDtoHAsync(p->table_host, p->map.base, p->table_bytes, p->stream));
+    st = VMMT_CU(d, cuMemcpyDtoHAsync(p->table_host, p->ctrl_dev, p->table_bytes, p->stream));
     if (st == VMMT_OK) st = VMMT_CU(d, cuStreamSynchronize(p->stream));
     vmmt__ctx_leave();
     return st == VMMT_OK ? st : vmmt__wrap(st, "reading the pool's control table");

@@ -32,28 +32,30 @@ int vmmt__ctrl_register(struct vmmt__ctrl *c)
 
     if (c->registered) return VMMT_OK;
     /* PORTABLE: a consumer may serve several devices from one mapping. */
-    st = VMMT_CU(d, cuMemHostRegister(c->host, c->bytes,
+    st = VMMT_CU(d, cuMemHostRegister(c->base, c->bytes,
                                       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
     if (st != VMMT_OK) return vmmt__wrap(st, "registering the control table with the driver");
-    st = VMMT_CU(d, cuMemHostGetDevicePointer(&c->dev, c->host, 0));
+    st = VMMT_CU(d, cuMemHostGetDevicePointer(&c->dev, c->base, 0));
     if (st != VMMT_OK) {
         /* Half done is not done: the next call tries the whole again. */
-        d->cuMemHostUnregister(c->host);
+        d->cuMemHostUnregister(c->base);
         c->dev = 0;
         return st;
     }
+    c->dev += VMMT__CTRL_RECORD_BYTES; /* the rows */
     c->registered = 1;
     return VMMT_OK;
 }
 
-/* Map fd and (optionally) register the mapping; fills c->host, c->dev, c->registered. */
+/* Map fd and (optionally) register the mapping; fills c->base, c->host, c->dev, c->registered. */
 static int map_and_register(int fd, int register_with_driver, struct vmmt__ctrl *c)
 {
     void *p;
 
     p = mmap(NULL, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return vmmt__sys_fail("mapping the control table (%zu bytes)", c->bytes);
-    c->host = p;
+    c->base = p;
+    c->host = (uint32_t *)((uint8_t *)p + VMMT__CTRL_RECORD_BYTES);
     return register_with_driver ? vmmt__ctrl_register(c) : VMMT_OK;
 }
 
@@ -121,27 +123,58 @@ static uint32_t get_u32le(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+static void put_u64le(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64le(const uint8_t *p)
+{
+    return (uint64_t)get_u32le(p) | (uint64_t)get_u32le(p + 4) << 32;
+}
+
+/* Offsets in the record. */
+#define REC_SLOTS     4
+#define REC_STRIDE    8
+#define REC_CONSUMERS 12
+#define REC_POOL_ID   16
+#define REC_TABLE     32
+#define REC_DATA      40
+#define REC_KEY       48
+
 void vmmt__ctrl_record_encode(const struct vmmt__ctrl_record *r,
                               uint8_t out[VMMT__CTRL_RECORD_BYTES])
 {
     memcpy(out, record_magic, sizeof record_magic);
-    put_u32le(out + 4, r->slots);
-    put_u32le(out + 8, r->stride);
-    put_u32le(out + 12, r->consumers);
-    memcpy(out + 16, r->key, VMMT__SEAL_KEY_BYTES);
+    put_u32le(out + REC_SLOTS, r->slots);
+    put_u32le(out + REC_STRIDE, r->stride);
+    put_u32le(out + REC_CONSUMERS, r->consumers);
+    memcpy(out + REC_POOL_ID, r->pool_id, sizeof r->pool_id);
+    put_u64le(out + REC_TABLE, r->table_offset);
+    put_u64le(out + REC_DATA, r->data_offset);
+    memcpy(out + REC_KEY, r->key, VMMT__SEAL_KEY_BYTES);
 }
 
 int vmmt__ctrl_record_check(const uint8_t in[VMMT__CTRL_RECORD_BYTES],
                             struct vmmt__ctrl_record *want, const char *where)
 {
-    uint32_t slots = get_u32le(in + 4), stride = get_u32le(in + 8), consumers = get_u32le(in + 12);
+    uint32_t slots = get_u32le(in + REC_SLOTS), stride = get_u32le(in + REC_STRIDE),
+             consumers = get_u32le(in + REC_CONSUMERS);
+    uint64_t table = get_u64le(in + REC_TABLE), data = get_u64le(in + REC_DATA);
 
     if (memcmp(in, record_magic, sizeof record_magic) != 0)
         return vmmt__fail(VMMT_EPROTO,
-                          "%s has no pool record after its rows; the descriptor (table_slots "
-                          "%u x slot_stride %u) is not this pool's, or the producer runs "
-                          "another vmmt version",
-                          where, want->slots, want->stride);
+                          "%s does not start with a pool record; the descriptor is not this "
+                          "pool's, or the producer runs another vmmt version; nothing was "
+                          "imported",
+                          where);
+    if (memcmp(in + REC_POOL_ID, want->pool_id, sizeof want->pool_id) != 0)
+        return vmmt__fail(VMMT_EPROTO,
+                          "%s belongs to another pool than the descriptor's pool_id: the "
+                          "descriptor names one pool and the allocation of another (altered, "
+                          "or made by another producer); nothing was imported",
+                          where);
     if (slots != want->slots || stride != want->stride || consumers != want->consumers)
         return vmmt__fail(VMMT_EPROTO,
                           "%s has %u slots x %u bytes for %u consumers, the descriptor says "
@@ -149,7 +182,14 @@ int vmmt__ctrl_record_check(const uint8_t in[VMMT__CTRL_RECORD_BYTES],
                           "pool; nothing was imported",
                           where, slots, stride, consumers, want->slots, want->stride,
                           want->consumers);
-    memcpy(want->key, in + 16, VMMT__SEAL_KEY_BYTES);
+    if (table != want->table_offset || data != want->data_offset)
+        return vmmt__fail(VMMT_EPROTO,
+                          "%s puts the rows at %llu and the data at %llu, the descriptor says "
+                          "%llu and %llu: the descriptor was altered; nothing was imported",
+                          where, (unsigned long long)table, (unsigned long long)data,
+                          (unsigned long long)want->table_offset,
+                          (unsigned long long)want->data_offset);
+    memcpy(want->key, in + REC_KEY, VMMT__SEAL_KEY_BYTES);
     return VMMT_OK;
 }
 
@@ -159,7 +199,7 @@ int vmmt__ctrl_attach_shared(int fd, size_t at, struct vmmt__ctrl_record *rec,
     struct stat sb;
     int st, seals;
 
-    init(c, at + VMMT__CTRL_RECORD_BYTES);
+    init(c, VMMT__CTRL_RECORD_BYTES + at);
     if (fstat(fd, &sb) != 0) return vmmt__sys_fail("fstat of the control table descriptor");
     /* Exactly the producer's size: the descriptor's table_slots and slot_stride must describe
      * what was really served, or they are not this pool's. */
@@ -179,8 +219,7 @@ int vmmt__ctrl_attach_shared(int fd, size_t at, struct vmmt__ctrl_record *rec,
                           seals < 0 ? 0 : (unsigned)seals, (unsigned)VMMT__CTRL_SEALS);
     st = map_and_register(fd, register_with_driver, c);
     if (st == VMMT_OK)
-        st = vmmt__ctrl_record_check((const uint8_t *)c->host + at, rec,
-                                     "the control table the broker sent");
+        st = vmmt__ctrl_record_check(c->base, rec, "the control table the broker sent");
     if (st != VMMT_OK) vmmt__ctrl_release(c);
     return st;
 }
@@ -193,13 +232,14 @@ void vmmt__ctrl_release(struct vmmt__ctrl *c)
     vmmt__error_save(&e);
     /* Still registered, the pages must stay mapped: unmapped, their addresses
      * could be mapped again and meet the stale registration. */
-    if (c->registered && d != NULL && d->cuMemHostUnregister(c->host) != CUDA_SUCCESS)
+    if (c->registered && d != NULL && d->cuMemHostUnregister(c->base) != CUDA_SUCCESS)
         vmmt__log(VMMT_LOG_ERROR,
                   "unregistering the control table failed; its %zu bytes stay mapped (leaked)",
                   c->bytes);
-    else if (c->host != NULL)
-        munmap(c->host, c->bytes);
+    else if (c->base != NULL)
+        munmap(c->base, c->bytes);
     c->registered = 0;
+    c->base = NULL;
     c->host = NULL;
     c->dev = 0;
     if (c->fd >= 0) close(c->fd);

@@ -81,28 +81,35 @@ static inline int vmmt__ctrl_store_ack(uint32_t *word, const uint32_t *ready, ui
  * of the device allocation.
  */
 struct vmmt__ctrl {
-    uint32_t *host;  /* CPU view of a shared table; NULL for a device table */
-    CUdeviceptr dev; /* where stream operations write and wait */
+    uint32_t *host;  /* CPU view of a shared table's rows; NULL for a device table */
+    CUdeviceptr dev; /* the rows where stream operations write and wait */
+    void *base;      /* the mapping: the pool record, then the rows at host */
     size_t bytes;    /* length mapped (whole pages) */
     int fd;          /* the memfd while this process keeps it, else -1 */
     int registered;
 };
 
 /*
- * The pool record, written by the producer after the rows of every control
- * table (after an elastic pool's incarnation words too; in device memory for
- * a device table): "POOL", then table_slots, slot_stride and consumer_count
- * as little-endian u32, then the pool's 16-byte seal key (seal.h). A
- * consumer that imports the pool checks the geometry against the descriptor
- * that brought it (a size check alone let a forged descriptor with another
- * stride and slot count but the same page-rounded size acknowledge into
- * another slot's words) and keeps the key, with which it checks the seal of
- * every descriptor of the pool, the first one included.
+ * The pool record: the first 64 bytes of every control table, before its
+ * rows (the memfd's offset 0 for a shared table, the allocation's for a
+ * device table), so that no descriptor field decides where a reader finds
+ * it. Written by the producer: "POOL", table_slots, slot_stride and
+ * consumer_count as little-endian u32, the pool id, table_offset and
+ * data_offset as little-endian u64, then the pool's 16-byte seal key
+ * (seal.h). A consumer that imports the pool compares all but the key with
+ * the descriptor that brought it, and keeps the key, with which it checks
+ * the seal of every descriptor of the pool, the first one included. Found
+ * after the rows, where the descriptor's geometry placed it, a record could
+ * be planted in published data and named by a forged table_offset; without
+ * the pool id, one pool's descriptor sealed with its own key imported under
+ * another pool's id (tests/unit/test_attack_seal.c).
  */
 #define VMMT__CTRL_RECORD_BYTES VMMT__DESC_TABLE_RECORD_BYTES
 
 struct vmmt__ctrl_record {
     uint32_t slots, stride, consumers;
+    uint8_t pool_id[16];
+    uint64_t table_offset, data_offset;
     uint8_t key[VMMT__SEAL_KEY_BYTES];
 };
 
@@ -112,23 +119,25 @@ void vmmt__ctrl_record_encode(const struct vmmt__ctrl_record *r,
 
 /*
  * The record's one validator, for writer and reader: the bytes must be a
- * record of the geometry `want` gives (its key is not compared); on success
- * want->key is filled from it. `where` names where the bytes were read.
- * VMMT_EPROTO otherwise, saying the descriptor is not this pool's.
+ * record of the pool `want` describes (every field but the key compared); on
+ * success want->key is filled from it. `where` names where the bytes were
+ * read. VMMT_EPROTO otherwise, naming the field, saying the descriptor is
+ * not this pool's.
  */
 int vmmt__ctrl_record_check(const uint8_t in[VMMT__CTRL_RECORD_BYTES],
                             struct vmmt__ctrl_record *want, const char *where);
 
-/* Producer: a new zeroed shared table of at least `bytes`, mapped and registered. */
+/* Producer: a new zeroed shared table of at least `bytes` (record included), mapped and
+ * registered. */
 int vmmt__ctrl_create_shared(size_t bytes, struct vmmt__ctrl *c);
 
 /* The same without registration: a host pool's producer needs no context. */
 int vmmt__ctrl_create_shared_unregistered(size_t bytes, struct vmmt__ctrl *c);
 
 /*
- * Consumer: map the table behind fd (which the caller keeps), whose pool
- * record sits at byte `at` and must have the geometry of `rec` (whose key
- * is then filled). Registration with the driver
+ * Consumer: map the table behind fd (which the caller keeps): its pool
+ * record, then `at` bytes of rows and words. The record must describe the
+ * pool of `rec`, whose key is then filled. Registration with the driver
  * (so that streams can address it) only when asked: a consumer that reads
  * flags and writes acknowledgements with the CPU needs none, and
  * registering costs about 100 us on the H200.

@@ -401,19 +401,21 @@ static int check_geometry(const struct vmmt__desc *d, const struct check_ctx *x)
             "descriptor field slot_stride=%" PRIu32 " is not a multiple of 4 of at least %" PRIu32
             " (a ready word and one ack word for each of %" PRIu32 " consumers); %s",
             d->slot_stride, 4 * (1 + d->consumer_count), d->consumer_count, x->advice);
-    /* Stream memory operations on the table's words need 4-byte alignment. */
-    if (d->table_offset % 4 != 0)
+    /* The pool record fills the table's first bytes, the rows follow (ctrl.h): one place,
+     * whatever the table, so that no field decides where a reader finds the record. */
+    if (d->table_offset != VMMT__DESC_TABLE_RECORD_BYTES)
         return vmmt__fail(x->status,
-                          "descriptor field table_offset=%" PRIu64 " is not a multiple of 4; %s",
-                          d->table_offset, x->advice);
+                          "descriptor field table_offset=%" PRIu64
+                          " is not %u (the rows follow the %u-byte pool record); %s",
+                          d->table_offset, VMMT__DESC_TABLE_RECORD_BYTES,
+                          VMMT__DESC_TABLE_RECORD_BYTES, x->advice);
     if (d->flags & VMMT__DESC_HOST_TABLE) {
         /* The table is a separate shared memfd: the allocation holds only data. */
-        if (d->handle_type != VMMT_HANDLE_POSIX_FD || d->table_offset != 0)
+        if (d->handle_type != VMMT_HANDLE_POSIX_FD)
             return vmmt__fail(x->status,
                               "descriptor flags name a shared host control table, which only "
-                              "POSIX_FD pools have, at table_offset 0 (found handle_type=%" PRIu32
-                              ", table_offset=%" PRIu64 "); %s",
-                              d->handle_type, d->table_offset, x->advice);
+                              "POSIX_FD pools have (found handle_type=%" PRIu32 "); %s",
+                              d->handle_type, x->advice);
         if (d->data_offset > d->alloc_size)
             return vmmt__fail(x->status,
                               "descriptor field data_offset=%" PRIu64
@@ -427,18 +429,12 @@ static int check_geometry(const struct vmmt__desc *d, const struct check_ctx *x)
             "descriptor field table_offset=%" PRIu64 " with %" PRIu64 " table bytes (%" PRIu32
             " slots of %" PRIu32 ") does not fit in alloc_size=%" PRIu64 "; %s",
             d->table_offset, table_bytes, d->table_slots, d->slot_stride, d->alloc_size, x->advice);
-    /* The pool record follows the rows (ctrl.h). table_offset + table_bytes <= alloc_size
-     * (checked above), so only the record's bytes are compared by difference. */
-    if (d->data_offset < d->table_offset + table_bytes ||
-        d->data_offset - (d->table_offset + table_bytes) < VMMT__DESC_TABLE_RECORD_BYTES ||
-        d->data_offset > d->alloc_size)
+    if (d->data_offset < d->table_offset + table_bytes || d->data_offset > d->alloc_size)
         return vmmt__fail(x->status,
                           "descriptor field data_offset=%" PRIu64
-                          " is not between the end of the control table and its pool record "
-                          "(%" PRIu64 ") and alloc_size=%" PRIu64 "; %s",
-                          d->data_offset,
-                          d->table_offset + table_bytes + VMMT__DESC_TABLE_RECORD_BYTES,
-                          d->alloc_size, x->advice);
+                          " is not between the end of the control table (%" PRIu64
+                          ") and alloc_size=%" PRIu64 "; %s",
+                          d->data_offset, d->table_offset + table_bytes, d->alloc_size, x->advice);
     return VMMT_OK;
 }
 

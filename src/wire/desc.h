@@ -20,8 +20,8 @@
 #define VMMT__MAX_CONSUMERS 256
 /* Slots of a control table at most (max_slices), for writer and reader alike. */
 #define VMMT__MAX_TABLE_SLOTS (1u << 20)
-/* The pool record after a table's rows (ctrl.h's VMMT__CTRL_RECORD_BYTES, which must match). */
-#define VMMT__DESC_TABLE_RECORD_BYTES 32u
+/* The pool record before a table's rows, at its offset 0 (ctrl.h); table_offset is this. */
+#define VMMT__DESC_TABLE_RECORD_BYTES 64u
 #define VMMT__MAX_PACK                64 /* buffers of one packed group: a reader tracks them in 64 bits */
 
 /* flags */

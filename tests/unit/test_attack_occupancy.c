@@ -527,20 +527,19 @@ static void test_finding_broker_doc_table_size(void **state)
     assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
     sync_stream(f);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    /* Fixed in the docs: rows, then the 16-byte geometry record, in whole pages. */
-    if ((uint64_t)sb.st_size != (rows + 16 + 4095) / 4096 * 4096)
-        fail_msg("descriptor.md: table memfd is rows (%llu) + 16 rounded up to pages; "
+    /* Fixed in the docs: the 64-byte pool record, then the rows, in whole pages. */
+    if ((uint64_t)sb.st_size != (64 + rows + 4095) / 4096 * 4096)
+        fail_msg("descriptor.md: table memfd is 64 + rows (%llu) rounded up to pages; "
                  "the broker sent %lld bytes",
                  (unsigned long long)rows, (long long)sb.st_size);
 }
 
 /*
- * docs/descriptor.md: the geometry record follows the rows (and the
- * incarnation words) of a shared table: "GEOM", table_slots, slot_stride,
- * consumer_count. Holds if it is right after the rows, where an independent
- * reader looks for it.
+ * docs/descriptor.md: the pool record opens every control table, before the
+ * rows: "POOL", table_slots, slot_stride, consumer_count, ... Holds if it is
+ * at the memfd's offset 0, where an independent reader looks for it.
  */
-static void test_holds_geometry_record_after_rows(void **state)
+static void test_holds_pool_record_first(void **state)
 {
     struct fixture *f = *state;
     vmmt_buffer b = bytes(f->src, N);
@@ -560,12 +559,12 @@ static void test_holds_geometry_record_after_rows(void **state)
     assert_int_equal(n, 2);
     close(fds[0]);
     assert_int_equal(fstat(fds[1], &sb), 0);
-    assert_true((uint64_t)sb.st_size >= rows + 32);
+    assert_true((uint64_t)sb.st_size >= 64 + rows);
     m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fds[1], 0);
     assert_true(m != MAP_FAILED);
     close(fds[1]);
-    int at = memcmp(m + rows, "POOL", 4) == 0;
-    memcpy(w, m + rows + 4, sizeof w);
+    int at = memcmp(m, "POOL", 4) == 0;
+    memcpy(w, m + 4, sizeof w);
     munmap(m, (size_t)sb.st_size);
     assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
     sync_stream(f);
@@ -711,7 +710,7 @@ int main(void)
         T(test_finding_slot_moved_device_table),
         T(test_holds_rank_range_overflow),
         T(test_finding_broker_doc_table_size),
-        T(test_holds_geometry_record_after_rows),
+        T(test_holds_pool_record_first),
         T(test_holds_max_slices_above_decoder_bound),
         T(test_holds_zero_byte_publish),
         T(test_holds_packed_misuse_host_table),

@@ -26,8 +26,8 @@ static struct vmmt__desc valid_fd(void)
     d.producer_pidns = 0x1122334455667788ull;
     d.consumer_count = 2;
     d.alloc_size = 64 * MiB;
-    d.table_offset = 0;
-    d.table_slots = 4094; /* 65504 bytes of rows, then the 32-byte pool record */
+    d.table_offset = 64;  /* the rows follow the 64-byte pool record */
+    d.table_slots = 4092; /* 65472 bytes of rows, ending at 65536 */
     d.slot_stride = 16;
     d.data_offset = 65536;
     d.slot = 70;
@@ -84,7 +84,7 @@ static struct vmmt__desc valid_fabric(void)
     d.slot_stride = 4 * 257;
     d.table_slots = 1;
     d.alloc_size = UINT64_MAX - 4095;
-    d.table_offset = 4096;
+    d.table_offset = 64;
     d.data_offset = 2 * MiB;
     d.slot = 0;
     d.generation = VMMT__GEN_LAST;
@@ -393,8 +393,8 @@ static void test_reject_handle(void **state)
 
     d = valid_fd();
     d.flags |= VMMT__DESC_HOST_TABLE;
-    d.table_offset = 64;
-    expect_reject(&d, "shared host control table");
+    d.table_offset = 0; /* the record comes first in a shared table too */
+    expect_reject(&d, "table_offset=0 is not 64");
 
     d = valid_fabric();
     d.flags |= VMMT__DESC_HOST_TABLE;
@@ -459,26 +459,30 @@ static void test_reject_geometry(void **state)
     d.slot_stride = UINT32_MAX - 3; /* a multiple of 4, but the table is then too big */
     expect_reject(&d, "does not fit in alloc_size");
 
+    /* The record takes the table's first 64 bytes: the rows start there, nowhere else. */
     d = valid_fd();
-    d.table_offset = 2;
-    expect_reject(&d, "table_offset=2 is not a multiple of 4");
-    d.table_offset = d.alloc_size - 4;
-    expect_reject(&d, "table_offset=67108860 with 65504 table bytes");
-    d.table_offset = UINT64_MAX - 3; /* the end would wrap to 65532 */
-    expect_reject(&d, "does not fit in alloc_size=67108864");
+    d.table_offset = 0;
+    expect_reject(&d, "table_offset=0 is not 64");
+    d.table_offset = 68;
+    expect_reject(&d, "table_offset=68 is not 64");
+    d.table_offset = UINT64_MAX - 3;
+    expect_reject(&d, "is not 64");
+    d = valid_fd();
+    d.alloc_size = 65000; /* the rows end past the allocation */
+    d.data_offset = 0;
+    expect_reject(&d, "with 65472 table bytes (4092 slots of 16) does not fit in alloc_size=65000");
 
     d = valid_fd();
     d.data_offset = 100;
-    expect_reject(&d, "data_offset=100 is not between the end of the control table and its pool "
-                      "record (65536)");
-    d.data_offset = 65535; /* after the rows, inside the record */
+    expect_reject(&d, "data_offset=100 is not between the end of the control table (65536)");
+    d.data_offset = 65535; /* inside the last row */
     expect_reject(&d, "data_offset=65535 is not between");
     d.data_offset = d.alloc_size + 1;
     expect_reject(&d, "data_offset=67108865");
 
     d = valid_fd();
     d.slot = 70000;
-    expect_reject(&d, "slot=70000 is outside the control table (4094 slots)");
+    expect_reject(&d, "slot=70000 is outside the control table (4092 slots)");
     assert_error_contains("corrupt or belongs to another pool");
     d = valid_fd();
     d.slot = 4096;
