@@ -11,45 +11,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "emu.h"
 #include "pattern.h"
 #include "poolfix.h"
+#include "rawbroker.h"
 
 #define N 4096
 
 /* Field offsets of docs/descriptor.md, "Layout". */
-#define OFF_POOL_ID      24
-#define OFF_BROKER_KIND  104
-#define OFF_BROKER_LEN   105
-#define OFF_BROKER_NAME  106
 #define OFF_TABLE_SLOTS  228
 #define OFF_SLOT_STRIDE  248
 #define OFF_SLOT         264
 #define OFF_GENERATION   268
 #define OFF_SLICE_OFFSET 272
 #define OFF_OFFSET       288
-
-static uint32_t get32(const vmmt_desc *d, size_t off)
-{
-    const uint8_t *p = d->bytes + off;
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const vmmt_desc *d, size_t off)
-{
-    return (uint64_t)get32(d, off) | (uint64_t)get32(d, off + 4) << 32;
-}
-
-static void put32(vmmt_desc *d, size_t off, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        d->bytes[off + i] = (uint8_t)(v >> (8 * i));
-}
 
 static void sync_stream(struct fixture *f)
 {
@@ -111,7 +89,7 @@ static void member_1_after_reuse(struct fixture *f, const vmmt_desc pair[2], con
     put(f, f->src, 2 * N, 3);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &next));
     sync_stream(f);
-    assert_int_equal(get64(&next, OFF_SLICE_OFFSET), get64(&pair[0], OFF_SLICE_OFFSET));
+    assert_int_equal(tu_get64(&next, OFF_SLICE_OFFSET), tu_get64(&pair[0], OFF_SLICE_OFFSET));
 
     st = consume(f, f->consumer, &pair[1], VMMT_ALL_RANKS, 0);
     sync_stream(f);
@@ -375,10 +353,10 @@ static void slot_moved(struct fixture *f, int device_table)
     put(f, f->src, N, 2);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &bb));
     sync_stream(f);
-    assert_int_not_equal(get32(&a, OFF_SLOT), get32(&bb, OFF_SLOT));
+    assert_int_not_equal(tu_get32(&a, OFF_SLOT), tu_get32(&bb, OFF_SLOT));
     /* Fixed: one generation counter per pool, so A's generation is not B's (it was 5
      * for both), and the moved descriptor names nobody in B's slot. */
-    assert_int_not_equal(get32(&a, OFF_GENERATION), get32(&bb, OFF_GENERATION));
+    assert_int_not_equal(tu_get32(&a, OFF_GENERATION), tu_get32(&bb, OFF_GENERATION));
     assert_vmmt_ok(consume(f, f->consumer, &a, VMMT_ALL_RANKS, 0));
     sync_stream(f);
     sleep_ms(20);
@@ -387,10 +365,10 @@ static void slot_moved(struct fixture *f, int device_table)
     put(f, f->src, N, 3);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &c));
     sync_stream(f);
-    assert_int_equal(get64(&c, OFF_OFFSET), get64(&a, OFF_OFFSET));
+    assert_int_equal(tu_get64(&c, OFF_OFFSET), tu_get64(&a, OFF_OFFSET));
 
     forged = a;
-    put32(&forged, OFF_SLOT, get32(&bb, OFF_SLOT));
+    tu_put32(&forged, OFF_SLOT, tu_get32(&bb, OFF_SLOT));
     reseal(f->pool, &forged); /* by a key holder: the seal alone refuses any other forger */
     assert_vmmt_ok(vmmt_desc_inspect(&forged, &(vmmt_desc_info){0}));
     st = consume(f, f->consumer, &forged, VMMT_ALL_RANKS, 0);
@@ -445,58 +423,6 @@ static void test_holds_rank_range_overflow(void **state)
 }
 
 /*
- * A raw broker client written from docs/broker.md: fetch the fds the
- * broker serves for a descriptor (request version 3, no HOLD). *n gets the
- * count that arrived; returns the reply's status.
- */
-static int raw_fetch(const vmmt_desc *d, int fds[2], int *n)
-{
-    struct sockaddr_un sa;
-    uint8_t req[24] = {'V', 'M', 'B', 'Q', 3, 0, 0, 0}, rep[256];
-    char cbuf[CMSG_SPACE(8 * sizeof(int))];
-    struct iovec iov = {rep, sizeof rep};
-    struct msghdr mh = {0};
-    struct cmsghdr *cm;
-    uint8_t len = d->bytes[OFF_BROKER_LEN];
-    socklen_t sl;
-    ssize_t got;
-    int s, st;
-
-    *n = 0;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    assert_int_equal(d->bytes[OFF_BROKER_KIND], 0);
-    memcpy(sa.sun_path + 1, d->bytes + OFF_BROKER_NAME, len);
-    sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
-    memcpy(req + 8, d->bytes + OFF_POOL_ID, 16);
-    s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    assert_true(s >= 0);
-    assert_int_equal(connect(s, (struct sockaddr *)&sa, sl), 0);
-    assert_int_equal(send(s, req, sizeof req, MSG_NOSIGNAL), (ssize_t)sizeof req);
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = cbuf;
-    mh.msg_controllen = sizeof cbuf;
-    got = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
-    close(s);
-    assert_true(got >= 30);
-    for (cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-        int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        for (int i = 0; i < k; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-            if (*n < 2)
-                fds[(*n)++] = fd;
-            else
-                close(fd);
-        }
-    }
-    memcpy(&st, rep + 8, 4);
-    return st;
-}
-
-/*
  * docs/broker.md twice says the control table memfd is "table_slots x
  * slot_stride bytes rounded up to whole pages (4096)" (the table of what a
  * consumer is handed, and the client's check after the fetch), and that a
@@ -518,8 +444,8 @@ static void test_finding_broker_doc_table_size(void **state)
     put(f, f->src, N, 1);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
     sync_stream(f);
-    rows = (uint64_t)get32(&d, OFF_TABLE_SLOTS) * get32(&d, OFF_SLOT_STRIDE);
-    assert_int_equal(raw_fetch(&d, fds, &n), VMMT_OK);
+    rows = (uint64_t)tu_get32(&d, OFF_TABLE_SLOTS) * tu_get32(&d, OFF_SLOT_STRIDE);
+    assert_int_equal(tu_raw_fetch(&d, fds, &n), VMMT_OK);
     assert_int_equal(n, 2);
     assert_int_equal(fstat(fds[1], &sb), 0);
     close(fds[0]);
@@ -554,8 +480,8 @@ static void test_holds_pool_record_first(void **state)
     put(f, f->src, N, 1);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
     sync_stream(f);
-    rows = (uint64_t)get32(&d, OFF_TABLE_SLOTS) * get32(&d, OFF_SLOT_STRIDE);
-    assert_int_equal(raw_fetch(&d, fds, &n), VMMT_OK);
+    rows = (uint64_t)tu_get32(&d, OFF_TABLE_SLOTS) * tu_get32(&d, OFF_SLOT_STRIDE);
+    assert_int_equal(tu_raw_fetch(&d, fds, &n), VMMT_OK);
     assert_int_equal(n, 2);
     close(fds[0]);
     assert_int_equal(fstat(fds[1], &sb), 0);
@@ -570,8 +496,8 @@ static void test_holds_pool_record_first(void **state)
     sync_stream(f);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     assert_true(at);
-    assert_int_equal(w[0], get32(&d, OFF_TABLE_SLOTS));
-    assert_int_equal(w[1], get32(&d, OFF_SLOT_STRIDE));
+    assert_int_equal(w[0], tu_get32(&d, OFF_TABLE_SLOTS));
+    assert_int_equal(w[1], tu_get32(&d, OFF_SLOT_STRIDE));
     assert_int_equal(w[2], 3);
     /* "slot_stride = 4 * (1 + consumer_count) rounded up to 16". */
     assert_int_equal(w[1], 16);
