@@ -140,6 +140,27 @@ static void forget(struct request *rq)
 }
 
 /*
+ * Rank r's acknowledgement word holds the occupant while a packed group of it
+ * for a range with r is half consumed here: another process of the rank, its
+ * release, or the producer's cancel acknowledged it, and the group can never
+ * complete here. Forgotten, so that it never keeps the pool from eviction
+ * (an outside review: a group half consumed, then cancelled, blocked it for
+ * good). Groups of other ranges keep their progress. Consumer lock held.
+ */
+static void forget_groups_with(struct request *rq, uint32_t r)
+{
+    struct slot_state *s = &rq->pool->slots[rq->d.slot];
+
+    if (s->generation != rq->d.generation) return;
+    for (int i = 0; i < PACK_GROUPS; i++) {
+        struct pack_group *g = &s->groups[i];
+        if (g->members == 0 || r < g->first || r >= g->first + g->count) continue;
+        memset(g, 0, sizeof *g);
+        rq->pool->open_groups--;
+    }
+}
+
+/*
  * Record the consume in this process's slot state, refusing a descriptor
  * consumed before (check_occupant, just before, refused one whose slot has
  * moved on); consumer lock held.
@@ -298,12 +319,14 @@ static int check_occupant(vmmt_consumer *c, struct request *rq)
                           "cancelled or released, or the descriptor was not made by this "
                           "pool's producer; nothing was acknowledged",
                           rq->d.slot, gen, ready);
-    if (acked != UINT32_MAX)
+    if (acked != UINT32_MAX) {
+        forget_groups_with(rq, acked);
         return vmmt__fail(VMMT_ESTATE,
                           "descriptor for slot %u generation %u was already acknowledged for "
                           "rank %u (by this process or another of that rank), or cancelled by "
                           "its producer; nothing was acknowledged again",
                           rq->d.slot, gen, acked);
+    }
     return VMMT_OK;
 }
 

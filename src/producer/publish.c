@@ -415,9 +415,11 @@ int vmmt_cancel(vmmt_pool *p, const vmmt_desc *desc)
         return vmmt__fail(VMMT_EINVAL, "vmmt_cancel: pool and desc must not be NULL");
     st = vmmt__desc_decode(desc->bytes, &d);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_cancel");
-    st = vmmt__desc_check_seal(desc->bytes, p->seal_key);
-    if (st == VMMT_OK) st = vmmt__desc_check_pool(&d, &p->tmpl);
+    /* The pool first: another pool's descriptor is no forgery, and is told so. */
+    st = vmmt__desc_check_pool(&d, &p->tmpl);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_cancel: the descriptor is not from this pool");
+    st = vmmt__desc_check_seal(desc->bytes, p->seal_key);
+    if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_cancel");
     st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return st;
     pthread_mutex_lock(&p->lock);

@@ -59,9 +59,10 @@ static int take(struct vmmt_pool *p, const vmmt_reservation *res, uint32_t *slot
     int st;
 
     st = vmmt__desc_decode(res->token.bytes, &d);
-    if (st == VMMT_OK) st = vmmt__desc_check_seal(res->token.bytes, p->seal_key);
     if (st == VMMT_OK) st = vmmt__desc_check_pool(&d, &p->tmpl);
     if (st != VMMT_OK) return vmmt__wrap(st, "the reservation is not from this pool");
+    st = vmmt__desc_check_seal(res->token.bytes, p->seal_key);
+    if (st != VMMT_OK) return vmmt__wrap(st, "the reservation's token");
     pthread_mutex_lock(&p->lock);
     if (p->slot[d.slot].generation != d.generation || p->slot[d.slot].state != SLOT_RESERVED) {
         pthread_mutex_unlock(&p->lock);

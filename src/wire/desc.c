@@ -687,10 +687,11 @@ int vmmt__desc_check_pool(const struct vmmt__desc *d, const struct vmmt__desc *p
         char got[33], want[33];
         hex16(d->pool_id, got);
         hex16(pool->pool_id, want);
-        return vmmt__fail(VMMT_EPROTO,
-                          "descriptor field pool_id=%s differs from the imported pool's "
-                          "pool_id=%s; it names another pool: import that pool first",
-                          got, want);
+        return vmmt__fail(
+            VMMT_EPROTO,
+            "descriptor field pool_id=%s differs from the imported pool's "
+            "pool_id=%s; it names another pool: hand it to that pool's producer or consumer",
+            got, want);
     }
     if (d->handle_type != pool->handle_type)
         return differs_u64("handle_type", d->handle_type, pool->handle_type);

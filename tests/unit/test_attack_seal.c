@@ -294,7 +294,7 @@ struct table {
     uint8_t *map;
     size_t len;
     uint8_t *rows;   /* row 0 */
-    uint8_t *record; /* the 32-byte pool record */
+    uint8_t *record; /* the 64-byte pool record, the table's first bytes */
 };
 
 static void table_open(const vmmt_desc *d, struct table *t)
@@ -315,9 +315,10 @@ static void table_open(const vmmt_desc *d, struct table *t)
     t->map = mmap(NULL, t->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     assert_true(t->map != MAP_FAILED);
-    t->rows = t->map + (host ? 0 : tu_get64(d, OFF_TABLE_OFFSET));
-    t->record = t->rows + rows + words;
-    assert_true(t->record + 32 <= t->map + t->len);
+    (void)host;
+    t->record = t->map;
+    t->rows = t->map + tu_get64(d, OFF_TABLE_OFFSET);
+    assert_true(t->rows + rows + words <= t->map + t->len);
 }
 
 static void table_close(struct table *t)
@@ -342,7 +343,8 @@ static void pool_key(const vmmt_desc *d, uint8_t key[16])
     assert_int_equal(le32(t.record + 4), tu_get32(d, OFF_TABLE_SLOTS));
     assert_int_equal(le32(t.record + 8), tu_get32(d, OFF_SLOT_STRIDE));
     assert_int_equal(le32(t.record + 12), tu_get32(d, OFF_CONSUMER_COUNT));
-    memcpy(key, t.record + 16, 16);
+    assert_memory_equal(t.record + 16, d->bytes + OFF_POOL_ID, 16);
+    memcpy(key, t.record + 48, 16);
     table_close(&t);
 }
 
@@ -350,11 +352,10 @@ static void pool_key(const vmmt_desc *d, uint8_t key[16])
 
 /*
  * An independent reader computes the seal exactly as the docs define it,
- * with the key where the docs put it: after the rows of a shared table,
- * after an elastic pool's incarnation words, after the rows of a device
- * table. Holds if every descriptor's seal is that SipHash, the key differs
- * between two pools of one process, and a record resealed under it is
- * consumed (the key really is the one the consumer uses).
+ * with the key where the docs put it: in the pool record that opens every
+ * control table (a shared table's memfd, a device table's allocation). Holds if every descriptor's
+ * seal is that SipHash, the key differs between two pools of one process, and a record resealed
+ * under it is consumed (the key really is the one the consumer uses).
  */
 static void seal_as_documented(struct fixture *f, vmmt_pool_config c)
 {
@@ -680,10 +681,10 @@ static void test_finding_posix_pool_id_swap_own_broker(void **state)
 /* ======================================= a pool record the descriptor points to */
 
 /*
- * A device table's pool record is found where the descriptor says the
- * table ends (table_offset + table_slots * slot_stride), and a first
- * descriptor's table_offset, table_slots and slot_stride are checked by
- * nothing but that record. So an attacker who can get 48 chosen bytes into
+ * Found (fixed since): a device table's pool record was found where the
+ * descriptor said the table ends (table_offset + table_slots * slot_stride),
+ * and a first descriptor's table_offset, table_slots and slot_stride were
+ * checked by nothing but that record. So an attacker who can get 48 chosen bytes into
  * one buffer the producer publishes (the content of a request it serves),
  * and sees that buffer's descriptor in transit, points a forged descriptor's
  * table into the buffer: a row that shows a generation LIVE, then a record
@@ -742,7 +743,9 @@ static void fake_record(struct fixture *f, vmmt_pool_config c, struct fake_resul
     tu_put64(&forged, OFF_OFFSET, ox + N);
     tu_put64(&forged, OFF_NBYTES, N);
     seal_with(&forged, key);
-    assert_vmmt_ok(vmmt_desc_inspect(&forged, &(vmmt_desc_info){0})); /* a valid record */
+    /* Since the record opens the table at a fixed place, the decoder refuses any other
+     * table_offset: the forgery never reaches an import. */
+    assert_int_equal(vmmt_desc_inspect(&forged, &(vmmt_desc_info){0}), VMMT_EPROTO);
 
     memset(r, 0, sizeof *r);
     r->forged = consume_all(f, victim, &forged);
@@ -772,7 +775,7 @@ static void expect_fake_refused(const struct fake_result *r)
     assert_int_equal(r->x_differs, -1);
 }
 
-static void test_finding_fake_record_in_slice_device_table(void **state)
+static void test_holds_fake_record_in_slice_device_table(void **state)
 {
     struct fake_result r;
 
@@ -780,7 +783,7 @@ static void test_finding_fake_record_in_slice_device_table(void **state)
     expect_fake_refused(&r);
 }
 
-static void test_finding_fake_record_in_slice_fabric(void **state)
+static void test_holds_fake_record_in_slice_fabric(void **state)
 {
     struct fake_result r;
 
@@ -1534,8 +1537,8 @@ int main(void)
         T(test_finding_fabric_pool_id_swap_other_device),
         T(test_holds_posix_pool_id_swap),
         T(test_finding_posix_pool_id_swap_own_broker),
-        T(test_finding_fake_record_in_slice_device_table),
-        T(test_finding_fake_record_in_slice_fabric),
+        T(test_holds_fake_record_in_slice_device_table),
+        T(test_holds_fake_record_in_slice_fabric),
         T(test_holds_fake_geometry_host_table),
         T(test_holds_device_record_bounds),
         T(test_holds_forged_firsts_leave_nothing_host_table),
