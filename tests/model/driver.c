@@ -1462,8 +1462,10 @@ static void kill_consumer(int s, int may_wait)
         }
     } else {
         m_seat_died(&M, s, 0);
-        /* The pool may still release them too, if it saw the death first. */
-        cur()->releases_max += (uint64_t)popcount(dead);
+        /* The pool may still release them too, if it saw the death first: any rank the
+         * process announced on its link, even one released since while it lived on (the
+         * link still names it; m_dead_ranks leaves those out, seed 15 elastic). */
+        cur()->releases_max += (uint64_t)popcount(held | dead);
         for (int r = 0; r < cur()->ranks; r++)
             if (held & (1u << r)) do_release(r);
     }
