@@ -52,26 +52,66 @@ static const struct {
 
 /*
  * The library's messages name its C functions; a Python caller has the
- * methods instead. Replaced where they occur, so a message never sends a
- * Python user to a function the binding does not have.
+ * methods instead. Each name is replaced where it stands as a whole word,
+ * so a message never sends a Python user to a function the binding does
+ * not have (vmmt_consume is not the start of vmmt_consumer_check).
  */
 static const char *const c_to_python[][2] = {
-    {"vmmt_consumer_check", "Consumer.check()"}, {"vmmt_pool_release_rank", "Pool.release_rank()"},
-    {"vmmt_consumer_ack", "Consumer.ack()"},     {"vmmt_consumer_evict", "Consumer.evict()"},
+    {"vmmt_consume", "Consumer.consume()"},
+    {"vmmt_consumer_ack", "Consumer.ack()"},
+    {"vmmt_consumer_check", "Consumer.check()"},
+    {"vmmt_consumer_evict", "Consumer.evict()"},
+    {"vmmt_pool_release_rank", "Pool.release_rank()"},
     {"vmmt_pool_drain", "Pool.drain()"},
+    {"vmmt_pool_get_stats", "Pool.stats()"},
+    {"vmmt_pool_reclaim", "Pool.reclaim()"},
+    {"vmmt_publish", "Pool.publish()"},
+    {"vmmt_publish_packed", "Pool.publish_many()"},
+    {"vmmt_reserve", "Pool.reserve()"},
+    {"vmmt_commit", "Pool.commit()"},
+    {"vmmt_cancel", "Pool.cancel()"},
 };
 
-static PyObject *python_message(const char *msg)
+static int word_char(char c)
 {
-    PyObject *s = PyUnicode_FromString(msg);
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
 
-    for (size_t i = 0; s != NULL && i < sizeof c_to_python / sizeof c_to_python[0]; i++) {
-        PyObject *next;
-        if (strstr(msg, c_to_python[i][0]) == NULL) continue;
-        next = PyObject_CallMethod(s, "replace", "ss", c_to_python[i][0], c_to_python[i][1]);
-        Py_DECREF(s);
-        s = next;
+/* The Python name of the C function at the start of `at`, and its length; NULL if none. */
+static const char *python_name(const char *at, const char *msg, size_t *len)
+{
+    if (at > msg && word_char(at[-1])) return NULL;
+    for (size_t i = 0; i < sizeof c_to_python / sizeof c_to_python[0]; i++) {
+        size_t n = strlen(c_to_python[i][0]);
+        if (strncmp(at, c_to_python[i][0], n) == 0 && !word_char(at[n])) {
+            *len = n;
+            return c_to_python[i][1];
+        }
     }
+    return NULL;
+}
+
+PyObject *vmmtpy_python_message(const char *msg)
+{
+    /* No Python name is longer than twice its C name: 2 * strlen(msg) is room enough. */
+    size_t cap = strlen(msg) * 2 + 16, o = 0;
+    char *out = PyMem_Malloc(cap);
+    PyObject *s;
+
+    if (out == NULL) return PyErr_NoMemory();
+    for (const char *p = msg; *p != '\0';) {
+        size_t n = 0;
+        const char *name = python_name(p, msg, &n);
+        if (name != NULL) {
+            memcpy(out + o, name, strlen(name));
+            o += strlen(name);
+            p += n;
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    s = PyUnicode_DecodeUTF8(out, (Py_ssize_t)o, "replace");
+    PyMem_Free(out);
     return s;
 }
 
@@ -81,7 +121,7 @@ static PyObject *raise_as(PyObject *type, int status)
     const char *text = vmmt_last_error();
 
     if (text == NULL || *text == '\0') text = vmmt_strerror(status);
-    if ((msg = python_message(text)) == NULL) return NULL;
+    if ((msg = vmmtpy_python_message(text)) == NULL) return NULL;
     exc = PyObject_CallFunctionObjArgs(type, msg, NULL);
     Py_DECREF(msg);
     if (exc == NULL) return NULL;

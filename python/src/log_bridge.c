@@ -9,7 +9,8 @@
  * Py_AddPendingCall (made for callers without a thread state), to run the
  * drain on its main thread, which hands each line to the Python dispatcher.
  * A line that finds the ring full goes to stderr as the library's default
- * writer would print it: nothing is dropped.
+ * writer would print it: nothing is dropped. A line names the Python
+ * methods where the library's names its C functions (errors.c).
  *
  * The package turns routing off at exit (atexit), draining what is queued
  * first; from then on lines go to stderr again. `routing` is read and
@@ -61,7 +62,7 @@ static int drain(void *unused)
     for (;;) {
         int level;
         char msg[sizeof ring[0].msg];
-        PyObject *r;
+        PyObject *r, *text;
 
         pthread_mutex_lock(&lock);
         scheduled = 0;
@@ -78,7 +79,9 @@ static int drain(void *unused)
             fprintf(stderr, "vmmt %s: %s\n", level_names[level], msg);
             continue;
         }
-        r = PyObject_CallFunction(dispatch, "is", level, msg);
+        text = vmmtpy_python_message(msg);
+        r = text == NULL ? NULL : PyObject_CallFunction(dispatch, "iO", level, text);
+        Py_XDECREF(text);
         /* A handler that raises must not stop the others' lines, nor the code it interrupted. */
         if (r == NULL) PyErr_Print();
         Py_XDECREF(r);

@@ -30,6 +30,8 @@ extern PyObject *vmmtpy_Error, *vmmtpy_NoRoom, *vmmtpy_PoolFull, *vmmtpy_TooLarg
 PyObject *vmmtpy_raise(int status);
 /* The same for consume, ack and check: VMMT_ECLOSED and VMMT_EFAILED are ProducerGone. */
 PyObject *vmmtpy_raise_consume(int status);
+/* A library message with its C function names replaced by the Python methods (a new str). */
+PyObject *vmmtpy_python_message(const char *msg);
 /* Add the exceptions and the status constants to the module; -1 with an error set. */
 int vmmtpy_errors_add(PyObject *m);
 

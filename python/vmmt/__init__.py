@@ -844,6 +844,10 @@ class Reservation:
         """A flat uint8 view of the slice (the array API's arguments, keywords
         only; on the CPU, a host slice, stream must be None)."""
         self._check_live()
+        if stream is not None and self._host_view():
+            raise ValueError("stream=%r: this slice is exported as a CPU array, which takes no "
+                             "stream (the array API: only None on the CPU); leave stream out"
+                             % (stream,))
         view = _vmmt._slice_view(self._views_anchor(), self._pool.device, self.ptr, self.nbytes,
                                  self._host_view())
         return view.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device,
