@@ -509,7 +509,8 @@ VMMT_API int vmmt_pool_release_rank(vmmt_pool *pool, int rank);
  * ran out. Writes at most `capacity` of them to `ranks`, lowest first, and
  * forgets those; the rest wait for the next call. *count says how many were
  * written (0: none new). Ranks released by vmmt_pool_release_rank are not
- * reported (the engine knows them). For an engine that restarts ranks: poll
+ * reported (the engine knows them), nor a death found before that call and
+ * not yet taken: it would read as the death of the process restarted next. For an engine that restarts ranks: poll
  * it (cheap: no lock taken when nothing is new) to learn which rank of which
  * pool to restart. VMMT_EINVAL for a NULL pool or count, a negative
  * capacity, or NULL ranks with capacity > 0. Thread-safe.

@@ -327,6 +327,9 @@ int vmmt_pool_release_rank(vmmt_pool *p, int rank)
      * broker running late, is known to be covered by it (vmmt__pool_ranks_dead). */
     pthread_mutex_lock(&p->lock);
     p->released_at[rank] = vmmt__liveness_tick();
+    /* A death found before this call is the engine's to know now: not reported after it, where
+     * it would read as the death of the process the engine starts next under the rank. */
+    p->found_dead[rank / 64] &= ~(1ull << (rank % 64));
     pthread_mutex_unlock(&p->lock);
     st = release_ranks(p, ranks, 0, "vmmt_pool_release_rank");
     vmmt__pool_leave(p);

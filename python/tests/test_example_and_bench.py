@@ -36,3 +36,12 @@ def test_feature_handoff_stops_with_the_processors_error():
     assert out.returncode == 1, out.stdout + out.stderr
     assert "processor failed" in out.stderr, out.stderr
     assert "memory_size=4096" in out.stderr, out.stderr
+
+
+def test_rank_restart_example():
+    """python/README.md's "Deaths" recipe as a program: a producer and two ranks,
+    rank 1 SIGKILLed after 100 of 400 requests and restarted; the pool keeps working."""
+    out = run(["examples/rank_restart.py", "--requests", "400", "--kill-at", "100"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "rank_restart: ok, 400 requests, 1 restart(s)" in out.stdout, out.stdout
+    assert "rank(s) 1 found dead" in out.stderr, out.stderr  # the record naming the pool

@@ -547,7 +547,11 @@ class Pool:
         new one; the old process's descriptors must not be consumed after it.
         Also for a rank the engine knows is dead, so that the slices it held
         come back at once."""
-        self._pool.release_rank(_args.integer("rank", rank, 0, self.consumer_count - 1))
+        rank = _args.integer("rank", rank, 0, self.consumer_count - 1)
+        self._pool.release_rank(rank)
+        # A death found before is the caller's to know now (the library forgets it too).
+        if rank in self._deaths:
+            self._deaths.remove(rank)
 
     def _publish(self, arrays, stream):
         arrays = [self._contiguous(a) for a in arrays]

@@ -75,6 +75,24 @@ static void test_release_rank_not_reported(void **state)
     assert_int_equal(take(f->pool, ranks, 4), 0);
 }
 
+/*
+ * Found dead, then released by the engine before it polled (it restarts the
+ * rank): not reported after, where it would read as the death of the new
+ * process. rank_restart.py hung joining a live process before this.
+ */
+static void test_release_rank_forgets_the_death(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 2);
+    const uint64_t r1[VMMT_BROKER_RANK_WORDS] = {1u << 1};
+    int ranks[4];
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    dead(f->pool, r1);
+    assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 1));
+    assert_int_equal(take(f->pool, ranks, 4), 0);
+}
+
 /* A rank that sat on a slice past consumer_lease_ms is reported as dead too. */
 static void test_lease(void **state)
 {
@@ -119,8 +137,12 @@ static void test_bad_arguments(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(test_each_death_once), T(test_capacity),      T(test_release_rank_not_reported),
-        T(test_lease),           T(test_bad_arguments),
+        T(test_each_death_once),
+        T(test_capacity),
+        T(test_release_rank_not_reported),
+        T(test_release_rank_forgets_the_death),
+        T(test_lease),
+        T(test_bad_arguments),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
