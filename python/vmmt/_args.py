@@ -47,14 +47,21 @@ def _size_text(n):
     return "%d bytes" % n
 
 
+_known_devices = 0
+
+
 def device(value, name="device"):
     """A device number the driver has (checked where a driver loads; the call
     that follows says why when none does)."""
+    global _known_devices
+    if type(value) is int and 0 <= value < _known_devices:
+        return value  # the hot path: a consume's device, checked before
     d = integer(name, value, 0, I32)
     try:
         driver, _, count = _vmmt.driver_info()
     except _vmmt.Error:
         return d
+    _known_devices = count  # cannot change once the driver is loaded
     if d >= count:
         raise ValueError("%s=%d does not exist: the %s driver reports %d device(s); give one of "
                          "0..%d" % (name, d, driver, count, count - 1) if count else
