@@ -537,8 +537,12 @@ class Pool:
         pool, when it is found. Ranks released by release_rank are not
         reported."""
         self._note_deaths()
-        out, self._deaths = sorted(self._deaths), []
-        return out
+        out = []
+        # Popped one at a time: a death noted meanwhile (the log dispatch runs
+        # between any two bytecodes of the main thread) is returned or kept.
+        while self._deaths:
+            out.append(self._deaths.pop(0))
+        return sorted(out)
 
     def release_rank(self, rank):
         """Acknowledge, for consumer rank `rank`, every slice in flight now
@@ -554,8 +558,9 @@ class Pool:
             self._deaths.remove(rank)
 
     def _publish(self, arrays, stream):
-        arrays = [self._contiguous(a) for a in arrays]
+        # The stream first: a bad one is refused before any contiguous copy is made.
         s = _resolve_stream(stream, self.device, arrays[0] if arrays else None)
+        arrays = [self._contiguous(a) for a in arrays]
         # PyTorch tensors on the default stream skip DLPack: torch's __dlpack__
         # costs several microseconds, and on its current stream orders nothing.
         items = _torch_items(arrays, self.device) if stream is None else None
