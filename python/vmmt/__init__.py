@@ -458,16 +458,16 @@ class Pool:
         ints = dict(
             consumer_count=_args.integer("consumer_count", consumer_count, 1, 256),
             max_slices=_args.integer("max_slices", max_slices, 1, _args.U32),
-            timeout_ms=_args.integer("timeout_ms", timeout_ms, 1, _args.I32, " of milliseconds"),
+            timeout_ms=_args.integer("timeout_ms", timeout_ms, 1, _args.I32, " milliseconds"),
             recycle_interval_us=_args.integer("recycle_interval_us", recycle_interval_us, 1,
-                                              _args.U32, " of microseconds"),
+                                              _args.U32, " microseconds"),
             host_numa_node=_args.integer("host_numa_node", host_numa_node, -1, _args.I32),
-            chunk_size=_args.integer("chunk_size", chunk_size, 0, _args.U64, " of bytes"),
-            min_resident=_args.integer("min_resident", min_resident, 0, _args.U64, " of bytes"),
+            chunk_size=_args.integer("chunk_size", chunk_size, 0, _args.U64, " bytes"),
+            min_resident=_args.integer("min_resident", min_resident, 0, _args.U64, " bytes"),
             idle_release_ms=_args.integer("idle_release_ms", idle_release_ms, 0, _args.U32,
-                                          " of milliseconds"),
+                                          " milliseconds"),
             consumer_lease_ms=_args.integer("consumer_lease_ms", consumer_lease_ms, 0,
-                                            _args.I32, " of milliseconds"))
+                                            _args.I32, " milliseconds"))
         flags = {name: _args.flag(name, value) for name, value in
                  (("allow_posix_fallback", allow_posix_fallback), ("round_up", round_up),
                   ("device_control_table", device_control_table))}
@@ -631,7 +631,7 @@ class Pool:
         ``memoryview()``. Fill it, then ``commit`` it (or ``cancel`` it).
         Raises PoolFull (no room now) or TooLarge (never fits), both NoRoom.
         """
-        nbytes = _args.integer("nbytes", nbytes, 1, _args.U64, " of bytes")
+        nbytes = _args.integer("nbytes", nbytes, 1, _args.U64, " bytes")
         try:
             ptr, n, location, token = self._pool.reserve(nbytes)
         except PoolFull:

@@ -16,15 +16,15 @@ ALL_RANKS = "all"  # vmmt.ALL_RANKS: consume or acknowledge for every rank of th
 def integer(name, value, low, high, unit=""):
     """`value` as an int in [low, high]; a bool, a float or a str is a TypeError."""
     if isinstance(value, bool) or isinstance(value, float):
-        raise TypeError("%s=%r: give an int%s of %d..%d" % (name, value, unit, low, high))
+        raise TypeError("%s=%r: give an int of %d..%d%s" % (name, value, low, high, unit))
     try:
         v = operator.index(value)
     except TypeError:
-        raise TypeError("%s=%r (%s): give an int%s of %d..%d"
-                        % (name, value, type(value).__name__, unit, low, high)) from None
+        raise TypeError("%s=%r (%s): give an int of %d..%d%s"
+                        % (name, value, type(value).__name__, low, high, unit)) from None
     if not low <= v <= high:
-        raise ValueError("%s=%d is out of range: give an int%s of %d..%d"
-                         % (name, v, unit, low, high))
+        raise ValueError("%s=%d is out of range: give an int of %d..%d%s"
+                         % (name, v, low, high, unit))
     return v
 
 
@@ -73,7 +73,7 @@ def memory_size(value, dev, location, elastic):
     """memory_size against what holds it: the device's memory for a device
     pool, the machine's for a host pool (an elastic pool's is only its
     limit, and reserves address space alone)."""
-    size = integer("memory_size", value, 1, U64, " number of bytes")
+    size = integer("memory_size", value, 1, U64, " bytes")
     if elastic:
         return size
     if location == "host":
