@@ -510,10 +510,10 @@ VMMT_API int vmmt_pool_release_rank(vmmt_pool *pool, int rank);
  * forgets those; the rest wait for the next call. *count says how many were
  * written (0: none new). Ranks released by vmmt_pool_release_rank are not
  * reported (the engine knows them), nor a death found before that call and
- * not yet taken: it would read as the death of the process restarted next. For an engine that restarts ranks: poll
- * it (cheap: no lock taken when nothing is new) to learn which rank of which
- * pool to restart. VMMT_EINVAL for a NULL pool or count, a negative
- * capacity, or NULL ranks with capacity > 0. Thread-safe.
+ * not yet taken: it would read as the death of the process restarted next.
+ * For an engine that restarts ranks: poll it (cheap: no lock taken when
+ * nothing is new) to learn which rank of which pool to restart. VMMT_EINVAL for a NULL pool or
+ * count, a negative capacity, or NULL ranks with capacity > 0. Thread-safe.
  */
 VMMT_API int vmmt_pool_take_dead_ranks(vmmt_pool *pool, int *ranks, int capacity, int *count);
 
