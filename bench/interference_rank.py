@@ -31,7 +31,7 @@ def producer(kind, rate, conn, ready):
     import vmmt
 
     loc = "host" if kind == "host" else "device"
-    pool = vmmt.Pool(device=0, memory_size=64 << 20, consumer_count=1, memory_location=loc)
+    pool = vmmt.Pool(memory_size=64 << 20, memory_location=loc)
     if kind == "host":
         src = np.arange(1024, dtype=np.float32)  # no torch.cuda call: no context
     else:
@@ -65,7 +65,7 @@ def rank_phase(seconds, conn, consumer, out, a, b):
         for _ in range(10):
             a @ b
         while conn is not None and conn.poll():
-            consumer.consume(conn.recv_bytes(), out=out)
+            consumer.consume(conn.recv_bytes(), out=out, ranks=0)
             consumed += 1
         torch.cuda.synchronize()
         count += 10
@@ -111,7 +111,7 @@ def main():
                 if len(buf) != 512:
                     msg = json.loads(buf)
                     break
-                consumer.consume(buf, out=out)
+                consumer.consume(buf, out=out, ranks=0)
             p.join(30)
             torch.cuda.synchronize()
             rates[kind].append(rate)

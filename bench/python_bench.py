@@ -94,7 +94,7 @@ def per_call(be, batches, n):
     clock = time.perf_counter_ns
     # The C loop consumes into device memory: the tensor's, or (NumPy) a block of its own.
     c_dst = be.ptr(dst) if be.kind == "torch" else _vmmt.mem_alloc(0, NBYTES)
-    with vmmt.Pool(0, 64 << 20, 1, max_slices=4096) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=64 << 20, max_slices=4096) as pool, vmmt.Consumer() as consumer:
         s = be.stream()
         for b in range(batches + 1):  # the first batch warms up
             cp, cc = _vmmt._bench_c(pool._pool, consumer._c, be.ptr(src), NBYTES, be.location(),
@@ -106,11 +106,11 @@ def per_call(be, batches, n):
                 pub.append(clock() - t0)
             for d in descs[: n // 2]:
                 t0 = clock()
-                consumer.consume(d, out=dst)
+                consumer.consume(d, out=dst, ranks=0)
                 con.append(clock() - t0)
             for d in descs[n // 2:]:
                 t0 = clock()
-                x = be.from_dlpack(consumer.consume(d))
+                x = be.from_dlpack(consumer.consume(d, ranks=0))
                 fdl.append(clock() - t0)
                 del x
             be.sync()
@@ -124,7 +124,7 @@ def per_call(be, batches, n):
         # The same publishes into a pool whose control table is in device
         # memory: each source's copy is then proven done by an event per
         # publish instead of the publish's ready word (what that saves).
-        with vmmt.Pool(0, 64 << 20, 1, max_slices=4096, device_control_table=True) as pool2:
+        with vmmt.Pool(memory_size=64 << 20, max_slices=4096, device_control_table=True) as pool2:
             res["py_publish_event_proof"] = []
             for b in range(batches + 1):
                 pub, descs = [], []
@@ -133,7 +133,7 @@ def per_call(be, batches, n):
                     descs.append(pool2.publish(src))
                     pub.append(clock() - t0)
                 for d in descs:
-                    consumer.ack(d)
+                    consumer.ack(d, ranks=0)
                 be.sync()
                 pool2.drain(10000)
                 if b:
@@ -164,7 +164,7 @@ def peer(conn, kind, device):
             if msg is None:
                 break
             if isinstance(msg, vmmt.Descriptor):
-                y = be.from_dlpack(c.consume(msg, device=device))
+                y = be.from_dlpack(c.consume(msg, device=device, ranks=0))
                 be.sync()
                 del y
             else:  # the floor: a plain copy of the same size
@@ -198,7 +198,7 @@ def round_trip(kind, peer_device, iters, block):
     t = {(m, w): {k: [] for k in parts} for m in ("vmmt", "floor") for w in WAITS}
     clock = time.perf_counter_ns
     try:
-        with vmmt.Pool(0, 64 << 20, 1, max_slices=4096) as pool:
+        with vmmt.Pool(memory_size=64 << 20, max_slices=4096) as pool:
             for rnd in range(iters // block + 1):  # alternate blocks; the first warms up
                 for key in t:
                     mode, wait = key

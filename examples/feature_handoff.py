@@ -8,7 +8,10 @@ request's descriptors over a multiprocessing pipe, rebuild the tensors with
 from_dlpack on their own GPU, and check them. Every process is started with
 `spawn`, as CUDA requires.
 
-    python3 examples/feature_handoff.py [--requests N]
+    python3 examples/feature_handoff.py [--requests N] [--pool-bytes B]
+
+A process that fails reports its error, and the program stops with it
+instead of waiting for reports that will never come.
 
 With PyTorch and a GPU the features are bfloat16 CUDA tensors; without them
 (VMMT_DRIVER=emu) the same program runs on the emulated driver with NumPy
@@ -17,8 +20,10 @@ float16 arrays, which is how CI runs it.
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import sys
 import time
+import traceback
 
 try:  # run from a checkout: the package built by `make test`, or installed
     import vmmt
@@ -59,17 +64,28 @@ def features(request, kind, device):
     return out
 
 
-def processor(pipes, requests, kind, report):
+def reported(role, fn, report, *args):
+    """Run one process's work; an exception goes to the report queue, so the
+    main process stops with it instead of waiting for reports that never come."""
+    try:
+        fn(*args, report)
+    except BaseException:
+        report.put(("error", role, traceback.format_exc()))
+        raise
+
+
+def processor(pipes, requests, kind, pool_bytes, report):
     device = "cuda:0"
     if kind == "torch":
         import torch
         torch.cuda.set_device(0)
-    with vmmt.Pool(0, 64 << 20, RANKS) as pool:
+    with vmmt.Pool(device=0, memory_size=pool_bytes, consumer_count=RANKS) as pool:
         full = 0
         for r in range(requests):
             feats = features(r, kind, device)
-            descs = pool.publish_many(feats)  # one slice per request
-            if descs is None:  # no room: a real engine falls back to another path
+            try:
+                descs = pool.publish_many(feats)  # one slice per request
+            except vmmt.PoolFull:  # no room now: wait for the ranks (or fall back)
                 full += 1
                 pool.drain(10000)
                 descs = pool.publish_many(feats)
@@ -112,30 +128,51 @@ def rank(pipe, rank_id, kind, report):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--pool-bytes", type=int, default=64 << 20)
     args = ap.parse_args()
     kind = backend()
     ctx = mp.get_context("spawn")
     report = ctx.Queue()
     pipes = [ctx.Pipe() for _ in range(RANKS)]
-    procs = [ctx.Process(target=processor, args=([p[0] for p in pipes], args.requests, kind,
-                                                 report))]
-    procs += [ctx.Process(target=rank, args=(p[1], i, kind, report)) for i, p in enumerate(pipes)]
+    procs = [ctx.Process(target=reported, args=("processor", processor, report,
+                                                 [p[0] for p in pipes], args.requests, kind,
+                                                 args.pool_bytes))]
+    procs += [ctx.Process(target=reported, args=("rank %d" % i, rank, report, p[1], i, kind))
+              for i, p in enumerate(pipes)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
-    results = []
+    results, failed = [], None
+    deadline = time.monotonic() + 300
     try:
-        for _ in procs:
-            results.append(report.get(timeout=300))
+        while len(results) < len(procs) and failed is None:
+            try:
+                msg = report.get(timeout=0.5)
+            except queue.Empty:
+                gone = [p for p in procs if p.exitcode not in (None, 0)]
+                if gone:
+                    failed = "a process exited with status %d without reporting" % \
+                        gone[0].exitcode
+                elif time.monotonic() > deadline:
+                    failed = "no report within 300 s"
+                continue
+            if msg[0] == "error":
+                failed = "%s failed:\n%s" % (msg[1], msg[2])
+            else:
+                results.append(msg)
     finally:
         for p in procs:
-            p.join(60)
+            # A failed peer leaves the others waiting on their pipes: end them.
+            p.join(60 if failed is None else 2)
             if p.is_alive():
                 p.kill()
+                p.join()
     took = time.perf_counter() - t0
     for r in sorted(results):
         print(*r)
-    ok = all(p.exitcode == 0 for p in procs) and len(results) == len(procs)
+    if failed is not None:
+        print("feature_handoff: " + failed, file=sys.stderr)
+    ok = failed is None and all(p.exitcode == 0 for p in procs) and len(results) == len(procs)
     print("feature_handoff: %s, %d requests, %s, %.2f s" %
           ("ok" if ok else "FAILED", args.requests, "bfloat16 on CUDA" if kind == "torch"
            else "float16 on the emulated driver", took))

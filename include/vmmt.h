@@ -518,6 +518,20 @@ VMMT_API int vmmt_pool_release_rank(vmmt_pool *pool, int rank);
 /* Defined where vmmt_pool_release_rank exists, for code that builds against older headers. */
 #define VMMT_HAVE_RELEASE_RANK 1
 
+/*
+ * Which ranks the pool found dead on its own since the last call: a
+ * consumer process died holding them (POSIX_FD pools), or consumer_lease_ms
+ * ran out. Writes at most `capacity` of them to `ranks`, lowest first, and
+ * forgets those; the rest wait for the next call. *count says how many were
+ * written (0: none new). Ranks released by vmmt_pool_release_rank are not
+ * reported (the engine knows them), nor a death found before that call and
+ * not yet taken: it would read as the death of the process restarted next.
+ * For an engine that restarts ranks: poll it (cheap: no lock taken when
+ * nothing is new) to learn which rank of which pool to restart. VMMT_EINVAL for a NULL pool or
+ * count, a negative capacity, or NULL ranks with capacity > 0. Thread-safe.
+ */
+VMMT_API int vmmt_pool_take_dead_ranks(vmmt_pool *pool, int *ranks, int capacity, int *count);
+
 /* Wait until nothing is in flight, at most timeout_ms (>= 0); VMMT_ETIMEDOUT otherwise. */
 VMMT_API int vmmt_pool_drain(vmmt_pool *pool, int timeout_ms);
 

@@ -16,6 +16,7 @@
  * view (emulated driver) synchronizes the copy stream first, since a CPU
  * reader has no stream to order.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -227,6 +228,17 @@ static int order_after_copy(BufferObject *self, PyObject *stream_obj)
     CUevent ev = NULL;
     int st;
 
+    /*
+     * The array API: on the CPU, which has no streams, only None is accepted
+     * (the view synchronizes instead); a stream there names nothing to order.
+     */
+    if (stream_obj != Py_None && self->host_view) {
+        PyErr_Format(PyExc_ValueError,
+                     "stream=%R: this buffer is exported as a CPU array, which takes no stream "
+                     "(the array API: only None on the CPU); leave stream out",
+                     stream_obj);
+        return -1;
+    }
     if (stream_obj != Py_None) {
         v = PyLong_AsLongLong(stream_obj);
         if (v == -1 && PyErr_Occurred()) {
@@ -430,6 +442,36 @@ static PyObject *get_dl_dtype(BufferObject *self, void *c)
     return Py_BuildValue("(iii)", self->dtype.code, self->dtype.bits, self->dtype.lanes);
 }
 
+/* "float32", "bfloat16", "bool": DLPack's type code names (dlpack.h) with the bits. */
+static PyObject *dtype_name(const DLDataType *t)
+{
+    static const char *const codes[] = {"int", "uint", "float", "handle", "bfloat", "complex"};
+
+    if (t->code == kDLBool && t->bits == 8 && t->lanes == 1) return PyUnicode_FromString("bool");
+    if (t->code < sizeof codes / sizeof codes[0] && t->lanes == 1)
+        return PyUnicode_FromFormat("%s%d", codes[t->code], (int)t->bits);
+    return PyUnicode_FromFormat("dl(%d,%d,%d)", (int)t->code, (int)t->bits, (int)t->lanes);
+}
+
+/* What it holds and where: dtype, shape, bytes, device, and a view's or an owner's memory. */
+static PyObject *buffer_repr(BufferObject *self)
+{
+    PyObject *shape = get_shape(self, NULL), *dtype = dtype_name(&self->dtype), *out = NULL;
+    char ptr[32];
+
+    if (shape != NULL && dtype != NULL) {
+        snprintf(ptr, sizeof ptr, "0x%llx", (unsigned long long)self->ptr);
+        out = PyUnicode_FromFormat("Buffer(dtype=%U, shape=%R, nbytes=%llu, device=%d, "
+                                   "memory=%s, ptr=%s%s)",
+                                   dtype, shape, (unsigned long long)self->nbytes, self->device,
+                                   self->host_view ? "host" : "device", ptr,
+                                   self->keeper != NULL ? ", view of a reservation" : "");
+    }
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    return out;
+}
+
 static PyMethodDef buffer_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))buffer_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(stream=None, *, max_version=None, dl_device=None, copy=None) -> capsule"},
@@ -468,6 +510,7 @@ static PyType_Slot buffer_slots[] = {
     {Py_tp_doc, "A consumed buffer in device memory; pass it to from_dlpack()."},
     {Py_tp_new, buffer_tp_new},
     {Py_tp_dealloc, buffer_dealloc},
+    {Py_tp_repr, buffer_repr},
     {Py_tp_methods, buffer_methods},
     {Py_tp_getset, buffer_getset},
     {0, NULL},

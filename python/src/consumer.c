@@ -5,6 +5,7 @@
  */
 #include <string.h>
 
+#include "argconv.h"
 #include "py_vmmt.h"
 
 #include "status.h"
@@ -104,13 +105,12 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
     vmmt_desc d;
     vmmt_desc_info info;
     void *stream = NULL;
-    int device, first = VMMT_ALL_RANKS, count = 0, st;
+    int device, first, count, st;
     uint64_t ptr = 0;
 
-    if (!PyArg_ParseTuple(args, "OiO&|ii", &o, &device, vmmtpy_stream_conv, &stream, &first,
-                          &count))
+    if (!PyArg_ParseTuple(args, "OiO&ii", &o, &device, vmmtpy_stream_conv, &stream, &first, &count))
         return NULL;
-    if (vmmtpy_desc_arg(o, &d) != 0) return NULL;
+    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0) return NULL;
     if (vmmt_desc_inspect(&d, &info) != VMMT_OK) return vmmtpy_raise(VMMT_EINVAL);
     if ((c = enter(self)) == NULL) return NULL;
     ptr = vmmtpy_cache_take(self->cache, device, stream, info.nbytes);
@@ -128,7 +128,7 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
     }
     Py_END_ALLOW_THREADS;
     leave(self);
-    if (st != VMMT_OK) return vmmtpy_raise(st);
+    if (st != VMMT_OK) return vmmtpy_raise_consume(st);
     buf = vmmtpy_buffer_new(device, ptr, info.nbytes, &info, stream, vmmtpy_on_emu());
     if (buf == NULL)
         vmmt_mem_free(device, ptr);
@@ -145,17 +145,18 @@ static PyObject *consumer_consume_into(ConsumerObject *self, PyObject *args)
     vmmt_desc d;
     void *stream = NULL;
     unsigned long long dst, size;
-    int device, first = VMMT_ALL_RANKS, count = 0, st;
+    int device, first, count, st;
 
-    if (!PyArg_ParseTuple(args, "OiKKO&|ii", &o, &device, &dst, &size, vmmtpy_stream_conv, &stream,
+    if (!PyArg_ParseTuple(args, "OiKKO&ii", &o, &device, &dst, &size, vmmtpy_stream_conv, &stream,
                           &first, &count))
         return NULL;
-    if (vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
+    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL)
+        return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_consume(c, &d, device, dst, size, stream, first, count);
     Py_END_ALLOW_THREADS;
     leave(self);
-    if (st != VMMT_OK) return vmmtpy_raise(st);
+    if (st != VMMT_OK) return vmmtpy_raise_consume(st);
     Py_RETURN_NONE;
 }
 
@@ -166,17 +167,33 @@ static PyObject *consumer_ack(ConsumerObject *self, PyObject *args)
     PyObject *o;
     vmmt_desc d;
     void *stream = NULL;
-    int device, first = VMMT_ALL_RANKS, count = 0, st;
+    int device, first, count, st;
 
-    if (!PyArg_ParseTuple(args, "OiO&|ii", &o, &device, vmmtpy_stream_conv, &stream, &first,
-                          &count))
+    if (!PyArg_ParseTuple(args, "OiO&ii", &o, &device, vmmtpy_stream_conv, &stream, &first, &count))
         return NULL;
-    if (vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL) return NULL;
+    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL)
+        return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_consumer_ack(c, &d, device, stream, first, count);
     Py_END_ALLOW_THREADS;
     leave(self);
-    if (st != VMMT_OK) return vmmtpy_raise(st);
+    if (st != VMMT_OK) return vmmtpy_raise_consume(st);
+    Py_RETURN_NONE;
+}
+
+/* check(desc): vmmt_consumer_check; ProducerGone when the bytes are not the producer's. */
+static PyObject *consumer_check(ConsumerObject *self, PyObject *arg)
+{
+    vmmt_consumer *c;
+    vmmt_desc d;
+    int st;
+
+    if (vmmtpy_desc_arg(arg, &d) != 0 || (c = enter(self)) == NULL) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_consumer_check(c, &d);
+    Py_END_ALLOW_THREADS;
+    leave(self);
+    if (st != VMMT_OK) return vmmtpy_raise_consume(st);
     Py_RETURN_NONE;
 }
 
@@ -269,11 +286,12 @@ vmmt_consumer *vmmtpy_consumer_handle(PyObject *o)
 
 static PyMethodDef consumer_methods[] = {
     {"consume", (PyCFunction)consumer_consume, METH_VARARGS,
-     "consume(desc, device, stream, rank_first=-1, rank_count=0) -> Buffer"},
+     "consume(desc, device, stream, rank_first, rank_count) -> Buffer"},
     {"consume_into", (PyCFunction)consumer_consume_into, METH_VARARGS,
-     "consume_into(desc, device, dst, dst_size, stream, rank_first=-1, rank_count=0)"},
+     "consume_into(desc, device, dst, dst_size, stream, rank_first, rank_count)"},
     {"ack", (PyCFunction)consumer_ack, METH_VARARGS,
-     "ack(desc, device, stream, rank_first=-1, rank_count=0)"},
+     "ack(desc, device, stream, rank_first, rank_count)"},
+    {"check", (PyCFunction)consumer_check, METH_O, "check(desc): vmmt_consumer_check"},
     {"evict", (PyCFunction)consumer_evict, METH_VARARGS, "evict(pool_id, device)"},
     {"pool_count", (PyCFunction)consumer_pool_count, METH_NOARGS, "pools imported now"},
     {"cache_info", (PyCFunction)consumer_cache_info, METH_NOARGS,

@@ -1,7 +1,8 @@
 /*
- * vmmt._vmmt: the module, its exceptions and its free functions (driver,
+ * vmmt._vmmt: the module and its free functions (driver,
  * probe, descriptor inspection, device memory). The types live in pool.c,
- * consumer.c and buffer.c; the friendly API is the Python package around it.
+ * consumer.c and buffer.c, the exceptions in errors.c; the friendly API is the Python package
+ * around it.
  */
 #include <string.h>
 #include <sys/resource.h>
@@ -13,32 +14,7 @@
 #include "status.h"
 #include "vmm.h"
 
-PyObject *vmmtpy_Error, *vmmtpy_PoolFull, *vmmtpy_Timeout;
 PyTypeObject *vmmtpy_PoolType, *vmmtpy_ConsumerType, *vmmtpy_BufferType;
-
-PyObject *vmmtpy_raise(int status)
-{
-    PyObject *type = vmmtpy_Error, *exc, *code;
-    const char *msg = vmmt_last_error();
-
-    if (status == VMMT_EINVAL)
-        type = PyExc_ValueError;
-    else if (status == VMMT_EFULL)
-        type = vmmtpy_PoolFull;
-    else if (status == VMMT_ETIMEDOUT)
-        type = vmmtpy_Timeout;
-    if (msg == NULL || *msg == '\0') msg = vmmt_strerror(status);
-    exc = PyObject_CallFunction(type, "s", msg);
-    if (exc == NULL) return NULL;
-    code = PyLong_FromLong(status);
-    if (code != NULL) {
-        PyObject_SetAttrString(exc, "status", code);
-        Py_DECREF(code);
-    }
-    PyErr_SetObject(type, exc);
-    Py_DECREF(exc);
-    return NULL;
-}
 
 int vmmtpy_stream_conv(PyObject *o, void *out)
 {
@@ -332,6 +308,23 @@ static PyObject *py_slice_view(PyObject *self, PyObject *args)
     return vmmtpy_buffer_view(device, ptr, n, host_view, keeper);
 }
 
+/* device_total_memory(device) -> bytes: what a pool's memory_size is checked against. */
+static PyObject *py_device_total_memory(PyObject *self, PyObject *arg)
+{
+    const struct vmmt_drv *d;
+    CUdevice dev;
+    size_t total = 0;
+    int device = (int)PyLong_AsLong(arg), st;
+
+    (void)self;
+    if (device == -1 && PyErr_Occurred()) return NULL;
+    if ((d = vmmt__drv()) == NULL) return vmmtpy_raise(vmmt_last_status());
+    st = VMMT_CU(d, cuDeviceGet(&dev, device));
+    if (st == VMMT_OK) st = VMMT_CU(d, cuDeviceTotalMem(&total, dev));
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    return PyLong_FromSize_t(total);
+}
+
 /* Wait for a stream (tests, benchmarks and the CPU view of consumed buffers). */
 static PyObject *py_stream_synchronize(PyObject *self, PyObject *args)
 {
@@ -366,10 +359,15 @@ static PyMethodDef methods[] = {
     {"mem_copy", py_mem_copy, METH_VARARGS, "mem_copy(device, dst, src, nbytes, stream=0)."},
     {"_slice_view", py_slice_view, METH_VARARGS,
      "Private: a DLPack exporter over a reservation's slice."},
+    {"device_total_memory", py_device_total_memory, METH_O,
+     "device_total_memory(device) -> bytes of device memory."},
     {"stream_synchronize", py_stream_synchronize, METH_VARARGS,
      "stream_synchronize(device, stream=0)."},
     {"_set_descriptor_type", py_set_descriptor_type, METH_O,
      "Private: the bytes subclass that publishes return (vmmt.Descriptor)."},
+    {"_log_route", vmmtpy_log_route, METH_O,
+     "Private: route the library's log lines to a callable (level, message), or None: stderr."},
+    {"_log_drain", vmmtpy_log_drain, METH_NOARGS, "Private: deliver the queued log lines now."},
     {"_bench_c", vmmtpy_bench_c, METH_VARARGS,
      "Benchmark only: the C API's cost per publish and per consume, in this process."},
     {NULL, NULL, 0, NULL},
@@ -401,18 +399,6 @@ static int add_type(PyObject *m, PyType_Spec *spec, PyTypeObject **out, const ch
     return 0;
 }
 
-static int add_error(PyObject *m, const char *qual, PyObject *base, PyObject **out, const char *doc)
-{
-    *out = PyErr_NewExceptionWithDoc(qual, doc, base, NULL);
-    if (*out == NULL) return -1;
-    Py_INCREF(*out);
-    if (PyModule_AddObject(m, strrchr(qual, '.') + 1, *out) != 0) {
-        Py_DECREF(*out);
-        return -1;
-    }
-    return 0;
-}
-
 PyMODINIT_FUNC PyInit__vmmt(void); /* the one exported symbol */
 
 PyMODINIT_FUNC PyInit__vmmt(void)
@@ -420,12 +406,7 @@ PyMODINIT_FUNC PyInit__vmmt(void)
     PyObject *m = PyModule_Create(&module_def);
 
     if (m == NULL) return NULL;
-    if (add_error(m, "vmmt.Error", PyExc_RuntimeError, &vmmtpy_Error,
-                  "A vmmt call failed; the message says what was asked, found and to do.") != 0 ||
-        add_error(m, "vmmt.PoolFull", vmmtpy_Error, &vmmtpy_PoolFull,
-                  "The pool has no room now: fall back to another path, or retry.") != 0 ||
-        add_error(m, "vmmt.Timeout", vmmtpy_Error, &vmmtpy_Timeout,
-                  "A wait or a socket ran past its timeout.") != 0 ||
+    if (vmmtpy_errors_add(m) != 0 ||
         add_type(m, &vmmtpy_pool_spec, &vmmtpy_PoolType, "Pool") != 0 ||
         add_type(m, &vmmtpy_consumer_spec, &vmmtpy_ConsumerType, "Consumer") != 0 ||
         add_type(m, &vmmtpy_buffer_spec, &vmmtpy_BufferType, "Buffer") != 0 ||

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "argconv.h"
 #include "pool_keep.h"
 
 #include "clock.h"
@@ -83,7 +84,7 @@ static int emu_device_memory(PoolObject *self, uint64_t ptr)
  * after the copy has completed. Frees k (or keeps it) and bufs.
  */
 static PyObject *publish_taken(PoolObject *self, struct keep *k, vmmt_buffer *bufs, Py_ssize_t n,
-                               void *stream, int none_when_full)
+                               void *stream)
 {
     PyObject *out = NULL;
     vmmt_desc *descs = PyMem_Calloc((size_t)n, sizeof *descs);
@@ -101,11 +102,6 @@ static PyObject *publish_taken(PoolObject *self, struct keep *k, vmmt_buffer *bu
         Py_BEGIN_ALLOW_THREADS;
         st = vmmt_publish_packed(pool, bufs, (size_t)n, stream, descs);
         Py_END_ALLOW_THREADS;
-    }
-    if (st == VMMT_EFULL && none_when_full) {
-        out = Py_None;
-        Py_INCREF(out);
-        goto out;
     }
     if (st != VMMT_OK) {
         /* Quarantined: the copy may still read the sources, so they stay alive. */
@@ -168,35 +164,60 @@ static int prepare(PoolObject *self, Py_ssize_t n, struct keep **k, vmmt_buffer 
 }
 
 /*
- * publish(capsules, stream, none_when_full) -> list of 512-byte descriptors.
- * One capsule is vmmt_publish, several are one packed publish. Every capsule
- * is taken (renamed "used_..."), whatever the outcome.
+ * A capsule given as (capsule, code): one-byte elements exported as uint8
+ * that are `code` (kDLBool: a NumPy bool array, which NumPy before 1.25 will
+ * not export). -1: the capsule's own dtype. 0, or -1 with ValueError.
+ */
+static int bytes_as(vmmt_buffer *b, int code)
+{
+    if (code < 0) return 0;
+    if (code != kDLBool || b->dtype.bits != 8 || b->dtype.lanes != 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "(capsule, %d): only one-byte elements may be renamed, and only to bool (%d)",
+                     code, (int)kDLBool);
+        return -1;
+    }
+    b->dtype.code = (uint8_t)code;
+    return 0;
+}
+
+/*
+ * publish(capsules, stream) -> list of 512-byte descriptors.
+ * One capsule is vmmt_publish, several are one packed publish; an item may
+ * be (capsule, code) (bytes_as). Every capsule is taken (renamed
+ * "used_..."), whatever the outcome.
  */
 static PyObject *pool_publish(PoolObject *self, PyObject *args)
 {
     PyObject *seq;
     void *stream = NULL;
-    int none_when_full = 0;
     Py_ssize_t n;
     struct keep *k;
     vmmt_buffer *bufs;
 
-    if (!PyArg_ParseTuple(args, "OO&|p", &seq, vmmtpy_stream_conv, &stream, &none_when_full))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "OO&", &seq, vmmtpy_stream_conv, &stream)) return NULL;
     if (check_open(self) != 0 || count_arg(seq, &n) != 0 || prepare(self, n, &k, &bufs) != 0)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *cap = PySequence_GetItem(seq, i);
-        int bad = cap == NULL || vmmtpy_src_take(cap, &k->src[i]) != 0;
+        int code = -1, bad;
+        if (cap != NULL && PyTuple_Check(cap)) {
+            PyObject *inner = NULL;
+            if (PyArg_ParseTuple(cap, "Oi", &inner, &code)) Py_INCREF(inner);
+            Py_DECREF(cap);
+            cap = inner;
+        }
+        bad = cap == NULL || vmmtpy_src_take(cap, &k->src[i]) != 0;
         Py_XDECREF(cap);
         if (!bad) k->n = (size_t)i + 1;
-        if (bad || vmmtpy_tensor_to_buffer(k->src[i].t, &bufs[i]) != 0) {
+        if (bad || vmmtpy_tensor_to_buffer(k->src[i].t, &bufs[i]) != 0 ||
+            bytes_as(&bufs[i], code) != 0) {
             vmmtpy_keep_free(k);
             PyMem_Free(bufs);
             return NULL;
         }
     }
-    return publish_taken(self, k, bufs, n, stream, none_when_full);
+    return publish_taken(self, k, bufs, n, stream);
 }
 
 /*
@@ -241,7 +262,7 @@ static int raw_fill(vmmt_buffer *b, unsigned long long ptr, unsigned long long n
 }
 
 /*
- * publish_raw(items, stream, none_when_full): the fast path for arrays whose
+ * publish_raw(items, stream): the fast path for arrays whose
  * library is known (PyTorch), without a DLPack capsule. Each item is
  * (owner, ptr, nbytes, code, bits, lanes, shape, location); the owner is
  * kept alive until the copy is done. The caller has checked that the array
@@ -251,13 +272,11 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
 {
     PyObject *seq, *owners;
     void *stream = NULL;
-    int none_when_full = 0;
     Py_ssize_t n;
     struct keep *k;
     vmmt_buffer *bufs;
 
-    if (!PyArg_ParseTuple(args, "OO&|p", &seq, vmmtpy_stream_conv, &stream, &none_when_full))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "OO&", &seq, vmmtpy_stream_conv, &stream)) return NULL;
     if (check_open(self) != 0 || count_arg(seq, &n) != 0) return NULL;
     if ((owners = PyTuple_New(n)) == NULL) return NULL;
     if (prepare(self, n, &k, &bufs) != 0) {
@@ -284,7 +303,7 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
             return NULL;
         }
     }
-    return publish_taken(self, k, bufs, n, stream, none_when_full);
+    return publish_taken(self, k, bufs, n, stream);
 }
 
 /*
@@ -334,7 +353,7 @@ static PyObject *pool_publish_tensor(PoolObject *self, PyObject *args)
         PyMem_Free(bufs);
         return NULL;
     }
-    list = publish_taken(self, k, bufs, 1, stream, 0);
+    list = publish_taken(self, k, bufs, 1, stream);
     if (list == NULL) return NULL;
     one = PyList_GetItem(list, 0);
     Py_INCREF(one);
@@ -361,7 +380,8 @@ static PyObject *pool_reserve(PoolObject *self, PyObject *args)
     vmmt_pool *pool;
     int st;
 
-    if (!PyArg_ParseTuple(args, "K", &nbytes) || check_open(self) != 0) return NULL;
+    if (!PyArg_ParseTuple(args, "O&", vmmtpy_u64_arg, &nbytes) || check_open(self) != 0)
+        return NULL;
     pool = self->pool;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_reserve(pool, nbytes, &r);
@@ -461,6 +481,44 @@ static PyObject *pool_stats(PoolObject *self, PyObject *unused)
     return vmmtpy_pool_stats_dict(&s);
 }
 
+/* release_rank(rank): vmmt_pool_release_rank. */
+static PyObject *pool_release_rank(PoolObject *self, PyObject *arg)
+{
+    int rank = (int)PyLong_AsLong(arg), st;
+    vmmt_pool *pool;
+
+    if (rank == -1 && PyErr_Occurred()) return NULL;
+    if (check_open(self) != 0) return NULL;
+    pool = self->pool;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_pool_release_rank(pool, rank);
+    Py_END_ALLOW_THREADS;
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* take_dead_ranks() -> tuple of ranks the pool found dead since the last call. */
+static PyObject *pool_take_dead_ranks(PoolObject *self, PyObject *unused)
+{
+    int ranks[VMMT_BROKER_MAX_RANKS], n = 0, st;
+    PyObject *out;
+
+    (void)unused;
+    if (self->pool == NULL) return PyTuple_New(0);
+    st = vmmt_pool_take_dead_ranks(self->pool, ranks, VMMT_BROKER_MAX_RANKS, &n);
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    if ((out = PyTuple_New(n)) == NULL) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(ranks[i]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SetItem(out, i, v);
+    }
+    return out;
+}
+
 /* Sources still held for copies that may be running (tests use it). */
 static PyObject *pool_pending(PoolObject *self, PyObject *unused)
 {
@@ -535,6 +593,14 @@ static PyObject *pool_get_device(PoolObject *self, void *closure)
     return PyLong_FromLong(self->device);
 }
 
+static PyObject *pool_get_pool_id(PoolObject *self, void *closure)
+{
+    (void)closure;
+    if (self->pool == NULL) Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)self->pool->tmpl.pool_id,
+                                     sizeof self->pool->tmpl.pool_id);
+}
+
 static void pool_dealloc(PoolObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
@@ -567,9 +633,9 @@ vmmt_pool *vmmtpy_pool_handle(PyObject *o)
 
 static PyMethodDef pool_methods[] = {
     {"publish", (PyCFunction)pool_publish, METH_VARARGS,
-     "publish(capsules, stream, none_when_full=False) -> list of descriptor bytes"},
+     "publish(capsules, stream) -> list of descriptor bytes"},
     {"publish_raw", (PyCFunction)pool_publish_raw, METH_VARARGS,
-     "publish_raw(items, stream, none_when_full=False): the capsule-free fast path"},
+     "publish_raw(items, stream): the capsule-free fast path"},
     {"publish_tensor", (PyCFunction)pool_publish_tensor, METH_VARARGS,
      "publish_tensor(owner, ptr, code, bits, shape, stream) -> Descriptor"},
     {"cancel", (PyCFunction)pool_cancel, METH_O, "cancel(descriptor or reservation token bytes)"},
@@ -580,6 +646,9 @@ static PyMethodDef pool_methods[] = {
     {"reclaim", (PyCFunction)pool_reclaim, METH_NOARGS, "reclaim() -> slices freed"},
     {"drain", (PyCFunction)pool_drain, METH_VARARGS, "drain(timeout_ms=5000)"},
     {"stats", (PyCFunction)pool_stats, METH_NOARGS, "stats() -> dict"},
+    {"release_rank", (PyCFunction)pool_release_rank, METH_O, "release_rank(rank)"},
+    {"take_dead_ranks", (PyCFunction)pool_take_dead_ranks, METH_NOARGS,
+     "take_dead_ranks() -> ranks found dead since the last call"},
     {"pending", (PyCFunction)pool_pending, METH_NOARGS, "sources kept for running copies"},
     {"close", (PyCFunction)pool_close, METH_VARARGS, "close(timeout_ms=the pool's)"},
     {NULL, NULL, 0, NULL},
@@ -588,6 +657,7 @@ static PyMethodDef pool_methods[] = {
 static PyGetSetDef pool_getset[] = {
     {"closed", (getter)pool_get_closed, NULL, "whether close() ran", NULL},
     {"device", (getter)pool_get_device, NULL, "the producer's device", NULL},
+    {"pool_id", (getter)pool_get_pool_id, NULL, "the 16-byte id its descriptors carry", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

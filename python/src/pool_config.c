@@ -32,25 +32,12 @@ static int choice(const char *option, const char *value, const char *names, int 
 
 int vmmtpy_pool_config(PyObject *args, PyObject *kw, vmmt_pool_config *c)
 {
-    static char *kwlist[] = {"device",
-                             "memory_size",
-                             "consumer_count",
-                             "max_slices",
-                             "handle_type",
-                             "allow_posix_fallback",
-                             "round_up",
-                             "broker_path",
-                             "timeout_ms",
-                             "recycle_interval_us",
-                             "handoff",
-                             "device_control_table",
-                             "memory_location",
-                             "host_numa_node",
-                             "elastic",
-                             "chunk_size",
-                             "min_resident",
-                             "idle_release_ms",
-                             NULL};
+    static char *kwlist[] = {
+        "device",          "memory_size",          "consumer_count",    "max_slices",
+        "handle_type",     "allow_posix_fallback", "round_up",          "broker_path",
+        "timeout_ms",      "recycle_interval_us",  "handoff",           "device_control_table",
+        "memory_location", "host_numa_node",       "elastic",           "chunk_size",
+        "min_resident",    "idle_release_ms",      "consumer_lease_ms", NULL};
     const char *handle = "auto", *handoff = "auto", *broker = NULL, *location = "device";
     unsigned long long size = 0, chunk, min_resident;
     unsigned int max_slices, recycle, idle;
@@ -69,10 +56,11 @@ int vmmtpy_pool_config(PyObject *args, PyObject *kw, vmmt_pool_config *c)
     idle = c->idle_release_ms;
     /* O& with checked converters (argconv.h): K and I wrap out-of-range ints silently. */
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "iO&i|O&sppziO&spsipO&O&O&", kwlist, &c->device, vmmtpy_u64_arg, &size,
+            args, kw, "iO&i|O&sppziO&spsipO&O&O&i", kwlist, &c->device, vmmtpy_u64_arg, &size,
             &c->consumer_count, vmmtpy_u32_arg, &max_slices, &handle, &fallback, &round_up, &broker,
             &c->timeout_ms, vmmtpy_u32_arg, &recycle, &handoff, &dct, &location, &c->host_numa_node,
-            &elastic, vmmtpy_u64_arg, &chunk, vmmtpy_u64_arg, &min_resident, vmmtpy_u32_arg, &idle))
+            &elastic, vmmtpy_u64_arg, &chunk, vmmtpy_u64_arg, &min_resident, vmmtpy_u32_arg, &idle,
+            &c->consumer_lease_ms))
         return -1;
     if (choice("memory_location", location, "device\0host\0", &loc) != 0) return -1;
     c->memory_location = loc == 0 ? VMMT_MEMORY_DEVICE : VMMT_MEMORY_HOST;

@@ -46,6 +46,9 @@ static const struct {
     STAT(chunk_bytes, ST_U64),
     STAT(chunks_made, ST_U64),
     STAT(chunks_released, ST_U64),
+    STAT(rank_releases, ST_U64),
+    STAT(released_slices, ST_U64),
+    STAT(consumer_links, ST_U32),
 };
 #undef STAT
 

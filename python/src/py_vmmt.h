@@ -16,15 +16,24 @@
 #include "dlpack.h"
 #include "vmmt.h"
 
-/* Exceptions: vmmt.Error (RuntimeError) and its subclasses PoolFull, Timeout. */
-extern PyObject *vmmtpy_Error, *vmmtpy_PoolFull, *vmmtpy_Timeout;
+/* The exception family (errors.c has the tree). */
+extern PyObject *vmmtpy_Error, *vmmtpy_NoRoom, *vmmtpy_PoolFull, *vmmtpy_TooLarge, *vmmtpy_Closed,
+    *vmmtpy_Stale, *vmmtpy_ProducerGone, *vmmtpy_Timeout;
 
 /*
- * Raise the exception for a failed call: ValueError for bad arguments
- * (VMMT_EINVAL), PoolFull, Timeout, or Error, with the library's message
- * and a `status` attribute. Returns NULL.
+ * Raise the exception for a failed call, from the one status table
+ * (errors.c): ValueError for bad arguments (VMMT_EINVAL), PoolFull,
+ * TooLarge, Closed, Stale, Timeout, or Error, with the library's message
+ * (its C function names replaced by the Python methods) and a `status`
+ * attribute. Returns NULL.
  */
 PyObject *vmmtpy_raise(int status);
+/* The same for consume, ack and check: VMMT_ECLOSED and VMMT_EFAILED are ProducerGone. */
+PyObject *vmmtpy_raise_consume(int status);
+/* A library message with its C function names replaced by the Python methods (a new str). */
+PyObject *vmmtpy_python_message(const char *msg);
+/* Add the exceptions and the status constants to the module; -1 with an error set. */
+int vmmtpy_errors_add(PyObject *m);
 
 /*
  * A new vmmt.Descriptor (the Python bytes subclass, registered by the
@@ -124,6 +133,10 @@ PyObject *vmmtpy_pool_stats_dict(const vmmt_pool_stats *s);
 /* The C handles behind the types (the benchmark's C loop uses them); NULL + TypeError. */
 vmmt_pool *vmmtpy_pool_handle(PyObject *o);
 vmmt_consumer *vmmtpy_consumer_handle(PyObject *o);
+
+/* The log bridge's module functions (log_bridge.c). */
+PyObject *vmmtpy_log_route(PyObject *self, PyObject *fn);
+PyObject *vmmtpy_log_drain(PyObject *self, PyObject *unused);
 
 /* The benchmark's C loop (bench.c), a module function. */
 PyObject *vmmtpy_bench_c(PyObject *self, PyObject *args);

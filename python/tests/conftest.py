@@ -43,7 +43,7 @@ def no_leaks():
 
 @pytest.fixture
 def pool(no_leaks):
-    with vmmt.Pool(0, 8 << 20, 1, max_slices=64) as p:
+    with vmmt.Pool(memory_size=8 << 20, max_slices=64) as p:
         yield p
 
 

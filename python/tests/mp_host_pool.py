@@ -8,7 +8,7 @@ import vmmt
 def host_producer(conn, count, result):
     """A host pool's producer: writes in place with the CPU, never a CUDA context."""
     try:
-        with vmmt.Pool(0, 4 << 20, 1, max_slices=64, memory_location="host") as pool:
+        with vmmt.Pool(memory_size=4 << 20, max_slices=64, memory_location="host") as pool:
             for i in range(count):
                 r = pool.reserve(64 * 4)
                 np.frombuffer(r.memoryview(), dtype=np.float32)[:] = np.arange(64) * i
@@ -34,7 +34,7 @@ def host_consumer(conn, result):
                 d = conn.recv()
                 if d is None:
                     break
-                x = np.from_dlpack(c.consume(d))
+                x = np.from_dlpack(c.consume(d, ranks=0))
                 if d.dtype == "float32":
                     assert x.shape == (8, 8) and np.array_equal(x.ravel(), np.arange(64) * i)
                     i += 1

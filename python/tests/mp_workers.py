@@ -15,12 +15,11 @@ def expected(i):
 def producer(conns, count, packed, result):
     """Publish `count` arrays (or pairs), send each descriptor to every consumer."""
     try:
-        with vmmt.Pool(0, 8 << 20, len(conns), max_slices=64) as pool:
+        with vmmt.Pool(memory_size=8 << 20, consumer_count=len(conns), max_slices=64) as pool:
             for i in range(count):
                 a = expected(i)
                 if packed:
                     descs = pool.publish_many([a, a[::-1].copy()])
-                    assert descs is not None
                 else:
                     descs = [pool.publish(a)]
                 for c in conns:

@@ -10,7 +10,7 @@ import vmmt
 
 
 def device_buffer(consumer, pool, a):
-    buf = consumer.consume(pool.publish(a))
+    buf = consumer.consume(pool.publish(a), ranks=0)
     buf.synchronize()
     return buf
 
@@ -32,7 +32,7 @@ def test_shape_length_beyond_int_refused(no_leaks):
     """Attack finding: raw_fill cast the shape's length to int, so a length of
     2**32 + 1 published a 1-d tensor and 2**32 a 0-d one. Failed before the
     fix: both published."""
-    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=4 << 20) as pool, vmmt.Consumer() as consumer:
         src = device_buffer(consumer, pool, np.arange(64, dtype=np.float32))
         for n in (2**32 + 1, 2**32, 2**31):
             with pytest.raises(ValueError, match="dimensions"):
@@ -48,7 +48,7 @@ def test_dtype_fields_beyond_their_width_refused(no_leaks):
     and uint16 without a check: bits=288 published float32, code=258 float,
     bits=-32 a 224-bit type whose size (from the shape) reached past the
     source. Failed before the fix: every one published."""
-    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=4 << 20) as pool, vmmt.Consumer() as consumer:
         src = device_buffer(consumer, pool, np.arange(64, dtype=np.float32))
         p = pool._pool
         for code, bits in ((2, 256 + 32), (258, 32), (2, -32), (-1, 32)):
@@ -119,19 +119,19 @@ def test_read_only_out_refused_with_value_error(no_leaks):
     2.1 and newer) was never asked for one. Failed before the fix: BufferError
     for both."""
     a = np.arange(16, dtype=np.float32)
-    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=4 << 20) as pool, vmmt.Consumer() as consumer:
         d = pool.publish(a)
         ro = np.zeros(16, np.float32)
         ro.flags.writeable = False
         with pytest.raises(ValueError, match="read-only|readonly"):
-            consumer.consume(d, out=ro)
+            consumer.consume(d, out=ro, ranks=0)
         target = np.zeros(16, np.float32)
         with pytest.raises(ValueError, match="read-only"):
-            consumer.consume(d, out=ReadOnlyExporter(target))
+            consumer.consume(d, out=ReadOnlyExporter(target), ranks=0)
         assert not target.any()
         # Refused before anything was consumed: the descriptor is still good.
         out = np.zeros(16, np.float32)
-        assert consumer.consume(d, out=out) is out
+        assert consumer.consume(d, out=out, ranks=0) is out
         np.testing.assert_array_equal(out, a)
         pool.drain(5000)
 
@@ -154,12 +154,12 @@ def test_out_on_another_device_than_asked_refused(no_leaks):
     copied on device 0's current stream into device 1's memory, ordered before
     nothing the array's own stream runs. Failed before the fix: it went on to
     export the array."""
-    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=4 << 20) as pool, vmmt.Consumer() as consumer:
         d = pool.publish(np.arange(4, dtype=np.float32))
         with pytest.raises(ValueError, match="device 1.*device=0"):
-            consumer.consume(d, device=0, out=OtherDeviceOut())
+            consumer.consume(d, device=0, out=OtherDeviceOut(), ranks=0)
         assert not OtherDeviceOut.exported
-        consumer.ack(d)
+        consumer.ack(d, ranks=0)
         pool.drain(5000)
 
 
@@ -170,7 +170,7 @@ def test_ranks_bool_refused_and_index_ints_taken(no_leaks):
     ranks=numpy.int64(0) failed with "'numpy.int64' object is not iterable".
     Failed before the fix: the first consumed rank 1, the second raised
     TypeError."""
-    with vmmt.Pool(0, 2 << 20, 2) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=2 << 20, consumer_count=2) as pool, vmmt.Consumer() as consumer:
         a = np.arange(5, dtype=np.int32)
         d = pool.publish(a)
         for bad in (True, False, [True, 2]):
@@ -208,13 +208,13 @@ def test_capsule_without_shape_refused(no_leaks):
     exporter) was read through the NULL pointer by publish and consume(out=).
     Failed before the fix: the interpreter died of SIGSEGV."""
     a = np.arange(4, dtype=np.float32)
-    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=4 << 20) as pool, vmmt.Consumer() as consumer:
         with pytest.raises(ValueError, match="shape"):
             pool.publish(NoShapeExporter(a))
         d = pool.publish(a)
         with pytest.raises(ValueError, match="shape"):
-            consumer.consume(d, out=NoShapeExporter(np.zeros(4, np.float32)))
-        consumer.ack(d)
+            consumer.consume(d, out=NoShapeExporter(np.zeros(4, np.float32)), ranks=0)
+        consumer.ack(d, ranks=0)
         pool.drain(5000)
         assert pool.stats()["published"] == 1
 
@@ -236,14 +236,14 @@ def test_reservation_views_refused_once_it_ends(no_leaks):
     process). Failed before the fix: from_dlpack(r) after commit returned an
     array."""
     with vmmt.Consumer() as consumer:
-        with vmmt.Pool(0, 4 << 20, 1) as pool:
+        with vmmt.Pool(memory_size=4 << 20) as pool:
             r = pool.reserve(16)
             np.frombuffer(r.memoryview(), np.uint8)[:] = 7
             d = pool.commit(r)
             for view in (np.from_dlpack, lambda r: r.memoryview()):
                 with pytest.raises(ValueError, match="committed or cancelled"):
                     view(r)
-            assert (np.from_dlpack(consumer.consume(d)) == 7).all()
+            assert (np.from_dlpack(consumer.consume(d, ranks=0)) == 7).all()
             open_one = pool.reserve(16)
         for view in (np.from_dlpack, lambda r: r.memoryview()):
             with pytest.raises(ValueError, match="closed"):
@@ -254,7 +254,7 @@ def test_commit_takes_numpy_scalar_types(no_leaks):
     """Careless-user finding: commit(r, np.float32, shape) (NumPy's scalar
     type, which NumPy takes wherever a dtype goes) raised "dtype <class
     'numpy.float32'> is not one vmmt carries". Failed before the fix."""
-    with vmmt.Pool(0, 4 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=4 << 20) as pool, vmmt.Consumer() as consumer:
         for dtype, name in ((np.float32, "float32"), (np.int64, "int64"), (np.bool_, "bool"),
                             (np.dtype(np.uint8), "uint8")):
             r = pool.reserve(64)
@@ -262,7 +262,7 @@ def test_commit_takes_numpy_scalar_types(no_leaks):
             d = pool.commit(r, dtype, (2,))
             assert d.dtype == name and d.shape == (2,)
             out = np.zeros(d.nbytes, np.uint8)  # NumPy 1.x has no DLPack bool
-            assert (consumer.consume(d, out=out) == 1).all()
+            assert (consumer.consume(d, out=out, ranks=0) == 1).all()
         with pytest.raises(ValueError, match="dtype"):
             pool.commit(pool.reserve(64), float, (2,))  # ambiguous: not taken
         pool.drain(5000)
@@ -272,9 +272,9 @@ def test_evict_takes_descriptor_bytes(no_leaks):
     """Careless-user finding: evict(pool_id_or_desc) took a Descriptor, but
     not the same 512 bytes as they arrive from a socket (plain bytes): "a pool
     id is 16 bytes, got 512". Failed before the fix."""
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer() as consumer:
         d = pool.publish(np.zeros(4, np.uint8))
-        consumer.consume(bytes(d))
+        consumer.consume(bytes(d), ranks=0)
         pool.drain(5000)
         assert consumer.pool_count() == 1
         consumer.evict(bytes(d))
@@ -302,17 +302,17 @@ def test_stream_object_names_the_device(no_leaks):
     went ahead just the same. Failed before the fix: the Buffer was on
     device 0."""
     a = np.arange(6, dtype=np.int16)
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer() as consumer:
         for stream in (TorchStreamOn1(), CupyStreamOn1()):
             d = pool.publish(a)
             with pytest.raises(ValueError, match="device 1.*device=0"):
-                consumer.consume(d, device=0, stream=stream)
+                consumer.consume(d, device=0, stream=stream, ranks=0)
             with pytest.raises(ValueError, match="device 1.*device=0"):
-                consumer.ack(d, device=0, stream=stream)
-            buf = consumer.consume(d, stream=stream)
+                consumer.ack(d, device=0, stream=stream, ranks=0)
+            buf = consumer.consume(d, stream=stream, ranks=0)
             assert buf.device == 1
             np.testing.assert_array_equal(np.from_dlpack(buf), a)
-            consumer.ack(pool.publish(a), stream=stream)
+            consumer.ack(pool.publish(a), stream=stream, ranks=0)
         pool.drain(5000)
 
 
@@ -324,7 +324,7 @@ def test_dropped_reservation_warns(no_leaks):
     before the fix: no warning."""
     import gc
     import warnings
-    with vmmt.Pool(0, 4 << 20, 1) as pool:
+    with vmmt.Pool(memory_size=4 << 20) as pool:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             r = pool.reserve(64)

@@ -15,9 +15,9 @@ def emu_fail(rules):
     os.environ["VMMT_EMU_FAIL"] = rules
     emu_counters._LIB.vmmt__emu_configure()
 
-pool = vmmt.Pool(0, 4 << 20, 1, device_control_table=True)
+pool = vmmt.Pool(memory_size=4 << 20, device_control_table=True)
 consumer = vmmt.Consumer()
-src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
+src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)), ranks=0)
 src.synchronize()
 """
 
@@ -51,7 +51,7 @@ def test_failed_event_synchronizes_without_the_gil_and_publishes():
                 th.join()
         emu_fail("")
         assert pool._pool.pending() == 0  # proven done by the synchronize
-        got = np.from_dlpack(consumer.consume(d))
+        got = np.from_dlpack(consumer.consume(d, ranks=0))
         assert (got == np.arange(8, dtype=np.float32)).all(), got
         pool.drain(5000)
         del src, got
@@ -105,8 +105,8 @@ def test_close_again_after_a_timed_out_close(no_leaks):
     import emu_counters
 
     consumer = vmmt.Consumer()
-    pool = vmmt.Pool(0, 4 << 20, 1, timeout_ms=300)
-    src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
+    pool = vmmt.Pool(memory_size=4 << 20, timeout_ms=300)
+    src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)), ranks=0)
     src.synchronize()
     with emu_counters.StalledStream(0) as stalled:
         pool._pool.publish_tensor(src, src.ptr, 2, 32, (8,), stalled.handle)
@@ -139,7 +139,7 @@ def held_close(pool, publishes, **close_args):
     Timeout and keeps their sources; once the stream goes on, close() again
     shuts the pool down and gives them back.'''
     consumer = vmmt.Consumer()
-    src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)))
+    src = consumer.consume(pool.publish(np.arange(64, dtype=np.float32)), ranks=0)
     src.synchronize()
     with emu_counters.StalledStream(0) as held:
         for _ in range(publishes):
@@ -174,7 +174,7 @@ def test_close_polls_an_event_proof_within_timeout_ms():
     close() with a copy that never completes never returned. Failed before
     the fix: the child was still in close() after 30 s."""
     run_held("""
-        held_close(vmmt.Pool(0, 4 << 20, 1, device_control_table=True, timeout_ms=300), 1)
+        held_close(vmmt.Pool(memory_size=4 << 20, device_control_table=True, timeout_ms=300), 1)
     """)
 
 
@@ -184,7 +184,7 @@ def test_close_shares_one_deadline_among_its_kept_sources():
     held stream made close() with timeout_ms=1000 wait 49 s. Failed before the
     fix: the child was still in close() after 30 s."""
     run_held("""
-        held_close(vmmt.Pool(0, 8 << 20, 1, max_slices=64, timeout_ms=1000), 48)
+        held_close(vmmt.Pool(memory_size=8 << 20, max_slices=64, timeout_ms=1000), 48)
     """)
 
 
@@ -193,7 +193,7 @@ def test_close_takes_a_timeout_of_its_own():
     timeout_ms (ten minutes here). Failed before the fix: close() took no
     argument."""
     run_held("""
-        held_close(vmmt.Pool(0, 4 << 20, 1, timeout_ms=600000), 2, timeout_ms=200)
-        held_close(vmmt.Pool(0, 4 << 20, 1, device_control_table=True, timeout_ms=600000), 2,
+        held_close(vmmt.Pool(memory_size=4 << 20, timeout_ms=600000), 2, timeout_ms=200)
+        held_close(vmmt.Pool(memory_size=4 << 20, device_control_table=True, timeout_ms=600000), 2,
                    timeout_ms=200)
     """)

@@ -18,15 +18,15 @@ import vmmt
 def test_repeated_calls_hold_nothing(no_leaks):
     a = np.arange(1000, dtype=np.float32)
     refs = sys.getrefcount(a)
-    with vmmt.Pool(0, 8 << 20, 1, max_slices=4096) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=8 << 20, max_slices=4096) as pool, vmmt.Consumer() as consumer:
         for _ in range(20):  # warm up caches and the allocator
-            np.from_dlpack(consumer.consume(pool.publish(a)))
+            np.from_dlpack(consumer.consume(pool.publish(a), ranks=0))
         gc.collect()
         live = emu_counters.live()
         tracemalloc.start()
         snap = tracemalloc.take_snapshot()
         for _ in range(300):
-            x = np.from_dlpack(consumer.consume(pool.publish(a)))
+            x = np.from_dlpack(consumer.consume(pool.publish(a), ranks=0))
             del x
         gc.collect()
         grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(snap, "filename"))
@@ -42,22 +42,23 @@ def test_repeated_calls_hold_nothing(no_leaks):
 def test_failures_leak_nothing(no_leaks):
     a = np.arange(100, dtype=np.uint8)
     refs = sys.getrefcount(a)
-    with vmmt.Pool(0, 2 << 20, 1, max_slices=2) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=2 << 20, max_slices=2) as pool, vmmt.Consumer() as consumer:
         for _ in range(50):
             d1 = pool.publish(a)
             d2 = pool.publish(a)
-            assert pool.publish_many([a]) is None  # out of slots
+            with pytest.raises(vmmt.PoolFull):  # out of slots: raised as publish raises
+                pool.publish_many([a])
             with pytest.raises(vmmt.PoolFull):
                 pool.publish(a)
             with pytest.raises(ValueError):
                 pool.publish_many([a, np.zeros([1] * 9, np.uint8)])
             with pytest.raises(ValueError):
-                consumer.consume(d1, out=np.zeros(1, np.uint8))  # too small: refused first
-            consumer.ack(d1)  # not consumed by the refused call
-            consumer.ack(d2)
+                consumer.consume(d1, out=np.zeros(1, np.uint8), ranks=0)  # too small: refused first
+            consumer.ack(d1, ranks=0)  # not consumed by the refused call
+            consumer.ack(d2, ranks=0)
             pool.drain(5000)
         with pytest.raises(ValueError):
-            consumer.consume(b"\0" * 512)
+            consumer.consume(b"\0" * 512, ranks=0)
     gc.collect()
     assert sys.getrefcount(a) == refs
 
@@ -66,11 +67,11 @@ def test_pageable_source_released_at_once(no_leaks):
     # A pageable host source is copied before publish returns: nothing to keep.
     a = np.arange(4096, dtype=np.uint8)
     refs = sys.getrefcount(a)
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer() as consumer:
         d = pool.publish(a)
         assert pool._pool.pending() == 0
         assert sys.getrefcount(a) == refs
-        consumer.consume(d)
+        consumer.consume(d, ranks=0)
         pool.drain(5000)
     gc.collect()
     assert sys.getrefcount(a) == refs
@@ -79,8 +80,8 @@ def test_pageable_source_released_at_once(no_leaks):
 def test_sources_kept_until_copy_done_then_released(no_leaks):
     # A device source on a stream held back by a wait: the pool keeps it
     # until the publish's ready word shows the copy landed, and no longer.
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
-        dev = consumer.consume(pool.publish(np.arange(4096, dtype=np.uint8)))
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer() as consumer:
+        dev = consumer.consume(pool.publish(np.arange(4096, dtype=np.uint8)), ranks=0)
         dev.synchronize()  # its own copy done: exporting it waits for nothing
         refs = sys.getrefcount(dev)
         with emu_counters.StalledStream(0) as s:
@@ -90,7 +91,7 @@ def test_sources_kept_until_copy_done_then_released(no_leaks):
             pool.reclaim()  # checked again: still copying
             assert pool._pool.pending() == 1 and sys.getrefcount(dev) > refs
             s.release()
-            consumer.consume(d, stream=s.handle).synchronize()
+            consumer.consume(d, stream=s.handle, ranks=0).synchronize()
             pool.drain(5000)
             assert pool._pool.pending() == 0
             assert sys.getrefcount(dev) == refs
@@ -100,8 +101,8 @@ def test_sources_kept_until_copy_done_then_released(no_leaks):
 
 
 def test_close_waits_for_kept_sources(no_leaks):
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
-        dev = consumer.consume(pool.publish(np.arange(64, dtype=np.uint8)))
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer() as consumer:
+        dev = consumer.consume(pool.publish(np.arange(64, dtype=np.uint8)), ranks=0)
         dev.synchronize()
         refs = sys.getrefcount(dev)
         with emu_counters.StalledStream(0) as s:
@@ -115,13 +116,14 @@ def test_close_waits_for_kept_sources(no_leaks):
 def test_device_source_given_back_once_landed(no_leaks):
     # A device source (a consumed buffer, relayed): kept only while its copy
     # may run, proven by the publish's ready word; given back by drain at the latest.
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
-        dev = consumer.consume(pool.publish(np.arange(4096, dtype=np.uint8)))
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer() as consumer:
+        dev = consumer.consume(pool.publish(np.arange(4096, dtype=np.uint8)), ranks=0)
         refs = sys.getrefcount(dev)
         for _ in range(20):
             d = pool.publish(dev)
             assert pool._pool.pending() <= 1
-            assert np.array_equal(np.from_dlpack(consumer.consume(d)), np.arange(4096) % 256)
+            got = np.from_dlpack(consumer.consume(d, ranks=0))
+            assert np.array_equal(got, np.arange(4096) % 256)
         pool.drain(5000)
         assert pool._pool.pending() == 0
         assert sys.getrefcount(dev) == refs
@@ -130,8 +132,8 @@ def test_device_source_given_back_once_landed(no_leaks):
 
 
 def test_buffer_lives_while_arrays_use_it(no_leaks):
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer(cache_bytes=0) as consumer:
-        buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)))
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer(cache_bytes=0) as consumer:
+        buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)), ranks=0)
         blocks = emu_counters.live()["blocks"]
         x = np.from_dlpack(buf)
         y = np.from_dlpack(buf)
@@ -149,29 +151,29 @@ def test_buffer_lives_while_arrays_use_it(no_leaks):
 
 def test_consume_reuses_freed_buffers(no_leaks):
     # Same-size consumes on one stream: one cuMemAlloc, then the cache.
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer(cache_bytes=1 << 20) as consumer:
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer(cache_bytes=1 << 20) as consumer:
         allocs = emu_counters.calls("cuMemAlloc")
         for i in range(50):
-            x = np.from_dlpack(consumer.consume(pool.publish(np.full(256, i, np.int32))))
+            x = np.from_dlpack(consumer.consume(pool.publish(np.full(256, i, np.int32)), ranks=0))
             assert (x == i).all()
             del x
         assert emu_counters.calls("cuMemAlloc") - allocs == 1
         hits, misses, blocks, held = consumer.cache_info()
         assert (hits, misses, blocks, held) == (49, 1, 1, 1024)
         # Another size misses; one too big for the cache is freed at once.
-        consumer.consume(pool.publish(np.zeros(10, np.int8)))
+        consumer.consume(pool.publish(np.zeros(10, np.int8)), ranks=0)
         assert consumer.cache_info()[2:] == (2, 1034)
         live = emu_counters.live()["blocks"]
-        consumer.consume(pool.publish(np.zeros(200000, np.int64)))
+        consumer.consume(pool.publish(np.zeros(200000, np.int64)), ranks=0)
         assert emu_counters.live()["blocks"] == live
         # A buffer alive at close frees to the driver later (no_leaks checks).
-        keep = consumer.consume(pool.publish(np.zeros(256, np.int32)))
+        keep = consumer.consume(pool.publish(np.zeros(256, np.int32)), ranks=0)
     del keep
 
 
 def test_unconsumed_capsules_and_deleter_on_other_thread(no_leaks):
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer(cache_bytes=0) as consumer:
-        buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)))
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer(cache_bytes=0) as consumer:
+        buf = consumer.consume(pool.publish(np.arange(10, dtype=np.int64)), ranks=0)
         blocks = emu_counters.live()["blocks"]
         for _ in range(100):
             buf.__dlpack__(max_version=(1, 0))  # dropped unconsumed: the capsule returns it
@@ -191,12 +193,12 @@ def test_deleter_after_interpreter_shutdown(tmp_path):
         import sys, threading
         sys.path[:0] = %r
         import numpy as np, vmmt
-        pool = vmmt.Pool(0, 2 << 20, 1)
+        pool = vmmt.Pool(memory_size=2 << 20)
         c = vmmt.Consumer()
-        KEEP = [np.from_dlpack(c.consume(pool.publish(np.arange(8, dtype=np.int32))))]
-        CAPS = [c.consume(pool.publish(np.arange(8, dtype=np.int32))).__dlpack__()]
+        KEEP = [np.from_dlpack(c.consume(pool.publish(np.arange(8, dtype=np.int32)), ranks=0))]
+        CAPS = [c.consume(pool.publish(np.arange(8, dtype=np.int32)), ranks=0).__dlpack__()]
         # a capsule alive in a thread that outlives the interpreter's teardown
-        def hold(x=c.consume(pool.publish(np.arange(4, dtype=np.int32)))):
+        def hold(x=c.consume(pool.publish(np.arange(4, dtype=np.int32)), ranks=0)):
             import time; time.sleep(0.2)
         threading.Thread(target=hold, daemon=True).start()
         print("ok", KEEP[0].sum())
@@ -212,12 +214,12 @@ def test_raw_fast_path_keeps_owner_and_releases_it(no_leaks):
     a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     refs = sys.getrefcount(a)
     item = (a, a.ctypes.data, a.nbytes, 2, 32, 1, a.shape, 1)
-    with vmmt.Pool(0, 2 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=2 << 20) as pool, vmmt.Consumer() as consumer:
         for _ in range(50):
             (raw,) = pool._pool.publish_raw([item], 0)
             d = vmmt.Descriptor(raw)
             assert d.shape == (2, 3, 4) and d.dtype == "float32"
-            np.testing.assert_array_equal(np.from_dlpack(consumer.consume(d)), a)
+            np.testing.assert_array_equal(np.from_dlpack(consumer.consume(d, ranks=0)), a)
         two = pool._pool.publish_raw([item, item], 0)
         assert len(two) == 2 and vmmt.Descriptor(two[1]).pack_count == 2
         for bad in ([(a, a.ctypes.data, a.nbytes, 2, 32, 1, (1,) * 9, 1)],
@@ -227,7 +229,7 @@ def test_raw_fast_path_keeps_owner_and_releases_it(no_leaks):
         with pytest.raises(ValueError, match="does not match shape"):
             pool._pool.publish_raw([(a, a.ctypes.data, 7, 2, 32, 1, a.shape, 1)], 0)
         for r in two:
-            consumer.consume(r)
+            consumer.consume(r, ranks=0)
         pool.drain(5000)
         assert sys.getrefcount(a) == refs + 1  # `item` holds one
     del item
@@ -244,7 +246,7 @@ def test_threads_share_pool_and_consumer_and_close_races(no_leaks):
     def worker(pool, consumer, n, expect_close):
         try:
             for _ in range(n):
-                x = np.from_dlpack(consumer.consume(pool.publish(a)))
+                x = np.from_dlpack(consumer.consume(pool.publish(a), ranks=0))
                 assert x[-1] == 255
         except vmmt.Error as e:
             # Closed under it: ECLOSED, or an import that met the broker gone.
@@ -254,7 +256,7 @@ def test_threads_share_pool_and_consumer_and_close_races(no_leaks):
             errors.append(repr(e))
 
     for expect_close in (False, True):
-        pool = vmmt.Pool(0, 8 << 20, 1, max_slices=256)
+        pool = vmmt.Pool(memory_size=8 << 20, max_slices=256)
         consumer = vmmt.Consumer()
         threads = [threading.Thread(target=worker, args=(pool, consumer, 150, expect_close))
                    for _ in range(4)]
@@ -285,7 +287,7 @@ class _Reentrant(np.ndarray):
 
 
 def test_deleter_that_publishes_again(no_leaks):
-    with vmmt.Pool(0, 4 << 20, 1, max_slices=256) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=4 << 20, max_slices=256) as pool, vmmt.Consumer() as consumer:
         _Reentrant.pool, _Reentrant.count = pool, 0
         try:
             for _ in range(10):

@@ -19,7 +19,7 @@ def test_views_used_after_close_raise_instead_of_faulting(location):
     them killed the child (SIGSEGV)."""
     out = run_child("""
         import numpy as np, vmmt
-        pool = vmmt.Pool(0, 4 << 20, 1, memory_location=%r)
+        pool = vmmt.Pool(memory_size=4 << 20, memory_location=%r)
         r = pool.reserve(4096)
         arr = np.from_dlpack(r)
         mv = r.memoryview()
@@ -46,7 +46,7 @@ def test_commit_and_cancel_refuse_while_views_live(no_leaks, location):
     """A view written after commit changed what consumers read, and after
     cancel a slice that another publish may hold. Failed before the fix:
     commit with a from_dlpack array alive returned a descriptor."""
-    with vmmt.Pool(0, 4 << 20, 1, memory_location=location) as pool, \
+    with vmmt.Pool(memory_size=4 << 20, memory_location=location) as pool, \
             vmmt.Consumer() as consumer:
         r = pool.reserve(64)
         arr = np.from_dlpack(r)
@@ -60,7 +60,7 @@ def test_commit_and_cancel_refuse_while_views_live(no_leaks, location):
         d = pool.commit(r, "uint8", (64,))  # the memoryview alone: released by the commit
         with pytest.raises(ValueError, match="released"):
             mv[0] = 0
-        got = bytes(np.from_dlpack(consumer.consume(d)))
+        got = bytes(np.from_dlpack(consumer.consume(d, ranks=0)))
         assert got == b"abcd" + b"\5" * 60
         # What a memoryview() gave lives on in its slices and arrays.
         r = pool.reserve(64)
@@ -80,7 +80,7 @@ def test_view_of_a_dropped_reservation_still_holds_close(no_leaks):
     """A view keeps its Reservation alive, so close() sees it even when the
     Reservation itself was dropped."""
     import warnings
-    pool = vmmt.Pool(0, 4 << 20, 1)
+    pool = vmmt.Pool(memory_size=4 << 20)
     arr = np.from_dlpack(pool.reserve(64))
     with pytest.raises(BufferError, match="view"):
         pool.close()

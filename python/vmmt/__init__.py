@@ -12,18 +12,39 @@ arrays contiguous, and gives descriptors a Python face.
 """
 import ctypes
 import gc
-import operator
+import os
 import sys
 import weakref
 
 from . import _vmmt
-from ._vmmt import Error, Group, PoolFull, Timeout
+from . import _args
+from . import _logging
+from ._args import ALL_RANKS
+from ._vmmt import Error, Group, NoRoom, PoolFull, TooLarge, Closed, Stale, ProducerGone, Timeout
 
-__all__ = ["Pool", "Consumer", "Descriptor", "Reservation", "Error", "PoolFull", "Timeout", "probe",
-           "select_driver", "driver_name", "device_count", "ALL_RANKS", "Group"]
+# The library's statuses (vmmt.OK, vmmt.EFULL, ...), from the one table in python/src/errors.c.
+STATUSES = {name: getattr(_vmmt, name) for name in dir(_vmmt)
+            if name == "OK" or (name[:1] == "E" and name.isupper())}
+globals().update(STATUSES)
+
+__all__ = ["Pool", "Consumer", "Descriptor", "Reservation", "Buffer", "Error", "NoRoom",
+           "PoolFull", "TooLarge", "Closed", "Stale", "ProducerGone", "Timeout", "probe",
+           "select_driver", "driver_name", "device_count", "ALL_RANKS", "log_to_logging",
+           "log_to_stderr", "Group"] + sorted(STATUSES)
 __version__ = _vmmt.LIBRARY_VERSION
 
-ALL_RANKS = _vmmt.ALL_RANKS
+
+def log_to_logging():
+    """Send the library's log lines to the ``logging`` logger "vmmt" (the
+    default from import): ERROR, WARNING, INFO and DEBUG records, at the
+    levels VMMT_LOG lets through (warn by default)."""
+    _logging.route()
+
+
+def log_to_stderr():
+    """Give the library's log lines back to its own writer (stderr)."""
+    _logging.to_stderr()
+
 
 # DLPack (code, bits) -> name, for Descriptor.dtype.
 _DTYPE_NAMES = {
@@ -219,9 +240,34 @@ def _contiguous(array):
     return array
 
 
+def _logical_nbytes(array):
+    """The bytes a contiguous copy of `array` would take, from its shape and
+    element size alone (no copy); None when the array does not say."""
+    lib = _library_of(array)
+    try:
+        if lib == "torch":
+            return array.numel() * array.element_size()
+        size, itemsize = array.size, array.itemsize
+        return int(size) * int(itemsize) if isinstance(size, int) else None
+    except (AttributeError, TypeError):
+        return None
+
+
+_DL_BOOL = 6  # DLPack's kDLBool: one byte per element, 0 or 1
+
+
+def _numpy_bool(array):
+    """A NumPy bool array: NumPy before 1.25 will not export one through
+    DLPack, so vmmt takes its bytes as uint8 and names them bool itself."""
+    return type(array).__module__ == "numpy" and getattr(array.dtype, "kind", None) == "b"
+
+
 def _capsule(array, stream):
     """array.__dlpack__ with the stream contract: the library orders its work
-    before `stream` (CUDA arrays); host arrays take no stream."""
+    before `stream` (CUDA arrays); host arrays take no stream. A NumPy bool
+    array is (capsule of its bytes, kDLBool)."""
+    if _numpy_bool(array):
+        return (_capsule(array.view(sys.modules["numpy"].uint8), stream), _DL_BOOL)
     if not hasattr(array, "__dlpack__"):
         raise TypeError("%s has no __dlpack__; vmmt publishes DLPack arrays (PyTorch, CuPy, JAX, "
                         "NumPy)" % type(array).__name__)
@@ -381,12 +427,13 @@ class Pool:
     until ``stream`` has passed the publish.
     """
 
-    def __init__(self, device=0, memory_size=None, consumer_count=1, *, max_slices=4096,
+    def __init__(self, *, memory_size, device=0, consumer_count=1, max_slices=4096,
                  handle_type="auto", allow_posix_fallback=True, round_up=False,
                  broker_path=None, timeout_ms=5000, recycle_interval_us=1000, handoff="auto",
                  device_control_table=False, memory_location="device", host_numa_node=-1,
-                 elastic=False, chunk_size=0, min_resident=0, idle_release_ms=1500):
-        """Create and export a pool (vmmt_pool_create).
+                 elastic=False, chunk_size=0, min_resident=0, idle_release_ms=1500,
+                 consumer_lease_ms=0):
+        """Create and export a pool (vmmt_pool_create). Every option is a keyword.
 
         memory_location: "device" (default) or "host": a host pool is pinned
         host memory shared with the consumers; its producer writes it with
@@ -397,42 +444,152 @@ class Pool:
         may hold; chunks of chunk_size bytes (0: four granularity units) are
         made while slices in them are in flight and given back after
         idle_release_ms idle; min_resident bytes stay resident from the start.
+        consumer_lease_ms (0: off): a rank that no live consumer process holds
+        and that leaves a slice unacknowledged for longer is released as dead.
+
+        A bad option is a TypeError or ValueError naming it and its range.
         """
-        if memory_size is None:
-            raise ValueError("memory_size is required: the pool's bytes of device memory "
-                             "(a multiple of the VMM granularity, 2 MiB on H200)")
-        if memory_location not in ("device", "host"):
-            raise ValueError("memory_location=%r; use 'device' or 'host'" % (memory_location,))
-        for name, value, low in (("host_numa_node", host_numa_node, -1),
-                                 ("chunk_size", chunk_size, 0),
-                                 ("min_resident", min_resident, 0),
-                                 ("idle_release_ms", idle_release_ms, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError("%s=%r; give an int of at least %d" % (name, value, low))
+        memory_location = _args.choice("memory_location", memory_location, ("device", "host"))
+        handoff = _args.choice("handoff", handoff, ("auto", "stream", "sync"))
+        handle_type = _args.choice("handle_type", handle_type, ("auto", "posix_fd", "fabric"))
+        elastic = _args.flag("elastic", elastic)
+        device = _args.device(device)
+        memory_size = _args.memory_size(memory_size, device, memory_location, elastic)
+        ints = dict(
+            consumer_count=_args.integer("consumer_count", consumer_count, 1, 256),
+            max_slices=_args.integer("max_slices", max_slices, 1, _args.U32),
+            timeout_ms=_args.integer("timeout_ms", timeout_ms, 1, _args.I32, " milliseconds"),
+            recycle_interval_us=_args.integer("recycle_interval_us", recycle_interval_us, 1,
+                                              _args.U32, " microseconds"),
+            host_numa_node=_args.integer("host_numa_node", host_numa_node, -1, _args.I32),
+            chunk_size=_args.integer("chunk_size", chunk_size, 0, _args.U64, " bytes"),
+            min_resident=_args.integer("min_resident", min_resident, 0, _args.U64, " bytes"),
+            idle_release_ms=_args.integer("idle_release_ms", idle_release_ms, 0, _args.U32,
+                                          " milliseconds"),
+            consumer_lease_ms=_args.integer("consumer_lease_ms", consumer_lease_ms, 0,
+                                            _args.I32, " milliseconds"))
+        flags = {name: _args.flag(name, value) for name, value in
+                 (("allow_posix_fallback", allow_posix_fallback), ("round_up", round_up),
+                  ("device_control_table", device_control_table))}
+        if broker_path is not None:
+            try:
+                broker_path = os.fsdecode(broker_path)
+            except TypeError:
+                raise TypeError("broker_path=%r: give a path (str) or None for an abstract name"
+                                % (broker_path,)) from None
         if memory_location == "host" and elastic:
             raise ValueError("elastic=True with memory_location='host': elastic pools are "
                              "device pools; drop one of the two")
         self.device = device
         self.memory_location = memory_location
+        self.consumer_count = ints["consumer_count"]
         self._viewed = weakref.WeakSet()  # Reservations with views made (Reservation._anchor)
-        self._pool = _vmmt.Pool(device, memory_size, consumer_count, max_slices, handle_type,
-                                allow_posix_fallback, round_up, broker_path, timeout_ms,
-                                recycle_interval_us, handoff, device_control_table,
-                                memory_location, host_numa_node, bool(elastic), chunk_size,
-                                min_resident, idle_release_ms)
+        self._deaths = []  # ranks found dead and not yet returned by poll_deaths
+        self._pool = _vmmt.Pool(device, memory_size, ints["consumer_count"], ints["max_slices"],
+                                handle_type, flags["allow_posix_fallback"], flags["round_up"],
+                                broker_path, ints["timeout_ms"], ints["recycle_interval_us"],
+                                handoff, flags["device_control_table"], memory_location,
+                                ints["host_numa_node"], elastic, ints["chunk_size"],
+                                ints["min_resident"], ints["idle_release_ms"],
+                                ints["consumer_lease_ms"])
+        self._data_bytes = self._pool.stats()["data_bytes"]
+        _logging._pools.add(self)
 
-    def _publish(self, arrays, stream, none_when_full):
-        arrays = [_contiguous(a) for a in arrays]
+    @property
+    def pool_id(self):
+        """The 16-byte id every descriptor of this pool carries (Descriptor.pool_id)."""
+        return self._pool.pool_id
+
+    def __repr__(self):
+        if getattr(self, "_pool", None) is None:
+            return "Pool(not created)"
+        if self.closed:
+            return "Pool(closed, id=%s)" % self._pool.pool_id.hex()[:8]
+        st = self._pool.stats()
+        return ("Pool(id=%s, device=%d, memory_location=%r, handle_type=%r, consumer_count=%d, "
+                "data_bytes=%d, slots=%d, in_flight=%d, in_flight_bytes=%d, published=%d)"
+                % (self._pool.pool_id.hex()[:8], self.device, self.memory_location,
+                   st["handle_type"], self.consumer_count, st["data_bytes"], st["slots"],
+                   st["in_flight"], st["in_flight_bytes"], st["published"]))
+
+    # ------------------------------------------------------------- deaths
+
+    def _note_deaths(self):
+        """Take what the library found dead into _deaths, with a record naming the pool."""
+        if self._pool.closed:
+            return
+        ranks = self._pool.take_dead_ranks()
+        if ranks:
+            self._deaths.extend(r for r in ranks if r not in self._deaths)
+            _logging.logger.warning(
+                "pool %s (device %d, %d consumer ranks): rank(s) %s found dead (a consumer "
+                "process died, or consumer_lease_ms ran out); its slices in flight were "
+                "released. Restart the rank, calling release_rank(rank) after reaping the old "
+                "process and before publishing for the new one (python/README.md, \"Deaths\")",
+                self._pool.pool_id.hex()[:8], self.device, self.consumer_count,
+                ",".join(map(str, ranks)))
+
+    def poll_deaths(self):
+        """The ranks of this pool found dead since the last call (a consumer
+        process died holding them, or consumer_lease_ms ran out), each once,
+        lowest first: [] when none. Cheap enough to call after every publish.
+        Each death is also a WARNING record of the logger "vmmt" naming the
+        pool, when it is found. Ranks released by release_rank are not
+        reported."""
+        self._note_deaths()
+        out = []
+        # Popped one at a time: a death noted meanwhile (the log dispatch runs
+        # between any two bytecodes of the main thread) is returned or kept.
+        while self._deaths:
+            out.append(self._deaths.pop(0))
+        return sorted(out)
+
+    def release_rank(self, rank):
+        """Acknowledge, for consumer rank `rank`, every slice in flight now
+        (vmmt_pool_release_rank). For a rank restarted under the same number:
+        call it after the old process is reaped and before publishing for the
+        new one; the old process's descriptors must not be consumed after it.
+        Also for a rank the engine knows is dead, so that the slices it held
+        come back at once."""
+        rank = _args.integer("rank", rank, 0, self.consumer_count - 1)
+        self._pool.release_rank(rank)
+        # A death found before is the caller's to know now (the library forgets it too).
+        if rank in self._deaths:
+            self._deaths.remove(rank)
+
+    def _publish(self, arrays, stream):
+        # The stream first: a bad one is refused before any contiguous copy is made.
         s = _resolve_stream(stream, self.device, arrays[0] if arrays else None)
+        arrays = [self._contiguous(a) for a in arrays]
         # PyTorch tensors on the default stream skip DLPack: torch's __dlpack__
         # costs several microseconds, and on its current stream orders nothing.
         items = _torch_items(arrays, self.device) if stream is None else None
-        if items is not None:
-            return self._pool.publish_raw(items, s, none_when_full)
-        return self._pool.publish([_capsule(a, s) for a in arrays], s, none_when_full)
+        try:
+            if items is not None:
+                return self._pool.publish_raw(items, s)
+            return self._pool.publish([_capsule(a, s) for a in arrays], s)
+        except PoolFull:
+            self._note_deaths()  # a rank found dead is the likely reason: say so
+            raise
+
+    def _contiguous(self, array):
+        """The array, contiguous; one that could never fit is refused before a
+        contiguous copy is made (a 4-byte broadcast view of 1 GiB would take
+        1 GiB of memory only to be refused)."""
+        nbytes = _logical_nbytes(array)
+        if nbytes is not None and nbytes > self._data_bytes:
+            e = TooLarge("an array (%s) of %d bytes can never fit: the pool's data region holds %d "
+                         "bytes; publish it another way or create a larger pool"
+                         % (type(array).__name__, nbytes, self._data_bytes))
+            e.status = ETOOBIG
+            raise e
+        return _contiguous(array)
 
     def publish(self, array, stream=None):
-        """Publish one array; raises PoolFull when there is no room now."""
+        """Publish one array -> Descriptor.
+
+        Raises PoolFull (no room now: retry later or fall back) or TooLarge
+        (can never fit), both NoRoom; Closed once the pool is closed."""
         t = _TORCH or _torch()
         # The hot path: a contiguous CUDA tensor of this device on PyTorch's
         # current stream, checked and described with the fewest calls (each
@@ -443,13 +600,19 @@ class Pool:
                 array.is_contiguous() and not array.is_neg():
             dl = t.dl.get(array.dtype)
             if dl is not None and (dl[0] != _DL_COMPLEX or not array.is_conj()):
-                return self._pool.publish_tensor(array, array.data_ptr(), dl[0], dl[1],
-                                                 array.shape, t.raw_stream(self.device))
-        return self._publish([array], stream, False)[0]
+                try:
+                    return self._pool.publish_tensor(array, array.data_ptr(), dl[0], dl[1],
+                                                     array.shape, t.raw_stream(self.device))
+                except PoolFull:
+                    self._note_deaths()
+                    raise
+        return self._publish([array], stream)[0]
 
     def publish_many(self, arrays, stream=None):
-        """Publish up to 64 arrays packed in one slice; None when the pool has no room."""
-        return self._publish(list(arrays), stream, True)
+        """Publish up to 64 arrays packed in one slice -> list of Descriptors.
+
+        Raises as publish does: PoolFull or TooLarge (NoRoom) when they do not fit."""
+        return self._publish(list(arrays), stream)
 
     def cancel(self, desc):
         """Take back a descriptor never handed to a consumer (idempotent), or a
@@ -466,9 +629,14 @@ class Pool:
         Returns a Reservation: a DLPack exporter of flat uint8 (CUDA for a
         device pool, CPU for a host pool), and for host memory
         ``memoryview()``. Fill it, then ``commit`` it (or ``cancel`` it).
-        Raises PoolFull when there is no room now.
+        Raises PoolFull (no room now) or TooLarge (never fits), both NoRoom.
         """
-        ptr, n, location, token = self._pool.reserve(nbytes)
+        nbytes = _args.integer("nbytes", nbytes, 1, _args.U64, " bytes")
+        try:
+            ptr, n, location, token = self._pool.reserve(nbytes)
+        except PoolFull:
+            self._note_deaths()
+            raise
         return Reservation(self, ptr, n, location, token)
 
     def commit(self, reservation, dtype=None, shape=None, *, like=None, stream=None):
@@ -523,6 +691,11 @@ class Pool:
     def stats(self):
         """Every field of vmmt_pool_stats, as a dict."""
         return self._pool.stats()
+
+    @property
+    def data_bytes(self):
+        """Bytes usable for slices: the largest buffer (or packed group) that can fit."""
+        return self._data_bytes
 
     def close(self, timeout_ms=None):
         """Wait for copies, give sources back, shut the pool down (idempotent).
@@ -676,11 +849,18 @@ class Reservation:
         if self._pool.closed:
             raise ValueError("the pool is closed: its reservations' slices are gone")
 
-    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A flat uint8 view of the slice (the array API's arguments, keywords
+        only; on the CPU, a host slice, stream must be None)."""
         self._check_live()
+        if stream is not None and self._host_view():
+            raise ValueError("stream=%r: this slice is exported as a CPU array, which takes no "
+                             "stream (the array API: only None on the CPU); leave stream out"
+                             % (stream,))
         view = _vmmt._slice_view(self._views_anchor(), self._pool.device, self.ptr, self.nbytes,
                                  self._host_view())
-        return view.__dlpack__(stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        return view.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device,
+                               copy=copy)
 
     def __dlpack_device__(self):
         return (1, 0) if self._host_view() else (2, self._pool.device)  # kDLCPU, kDLCUDA
@@ -701,38 +881,6 @@ class Reservation:
 
 
 # ---------------------------------------------------------------- consumer
-
-def _rank(value, ranks):
-    """One rank as an int: an int or anything with __index__ (numpy.int64),
-    never a bool (ranks=True would be rank 1)."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise TypeError("ranks=%r: give a rank (an int 0..), consecutive ranks, or None for all"
-                    % (ranks,))
-
-
-def _ranks(ranks):
-    """(rank_first, rank_count) from None (all), an int, or consecutive ints."""
-    if ranks is None:
-        return ALL_RANKS, 0
-    # A negative first rank would reach the C API as VMMT_ALL_RANKS (-1) and
-    # acknowledge every rank of the pool: refused here.
-    if not hasattr(ranks, "__iter__"):
-        first = _rank(ranks, ranks)
-        if first < 0:
-            raise ValueError("ranks=%d is negative; give a rank 0.. or None for all" % first)
-        return first, 1
-    ranks = [_rank(r, ranks) for r in ranks]
-    if not ranks or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
-        raise ValueError("ranks must be None, an int, or consecutive ints (a range); got %r"
-                         % (ranks,))
-    if ranks[0] < 0:
-        raise ValueError("ranks %r start below 0; give ranks 0.. or None for all" % (ranks,))
-    return ranks[0], len(ranks)
-
 
 def _default_device():
     t = _torch()
@@ -763,19 +911,28 @@ class Consumer:
         """(hits, misses, blocks held, bytes held) of the buffer cache."""
         return self._c.cache_info()
 
-    def consume(self, desc, device=None, out=None, stream=None, ranks=None):
+    def consume(self, desc, device=None, out=None, stream=None, *, ranks):
         """Copy the buffer a descriptor names and acknowledge it for `ranks`.
 
-        Without ``out``: returns a Buffer in new device memory, for
-        ``torch.from_dlpack`` (it owns the memory). With ``out`` (any DLPack
-        array of at least desc.nbytes, C-contiguous): fills it and returns
-        it. The copy runs on ``stream`` (default: the current stream of
-        PyTorch or CuPy on `device`, else the default stream).
+        ranks (required): this process's rank (an int), consecutive ranks (a
+        range), or vmmt.ALL_RANKS for every rank of the pool. Without ``out``:
+        returns a Buffer in new device memory, for ``torch.from_dlpack`` (it
+        owns the memory). With ``out`` (any DLPack array of at least
+        desc.nbytes, C-contiguous): fills it and returns it. The copy runs on
+        ``stream`` (default: the current stream of PyTorch or CuPy on
+        `device`, else the default stream).
+
+        Raises Stale (consumed, acknowledged, cancelled or recycled already),
+        ProducerGone (the producer died before the bytes were there), Closed
+        (this consumer is closed), Timeout; ValueError/TypeError for a bad
+        argument, before anything is consumed.
         """
-        first, count = (ALL_RANKS, 0) if ranks is None else _ranks(ranks)
+        first, count = _args.ranks(ranks)
         raw = desc if isinstance(desc, bytes) else _desc_bytes(desc)
         if stream is not None:
             device = _stream_device(stream, device)
+        if device is not None:
+            device = _args.device(device)
         if out is None:
             if device is None:
                 device = _default_device()
@@ -800,7 +957,12 @@ class Consumer:
                 self._c.consume_into(raw, dev, out.data_ptr(), out.numel() * out.element_size(),
                                      t.raw_stream(dev), first, count)
                 return out
-        kind, dev_id = out.__dlpack_device__()
+        if not hasattr(out, "__dlpack__") or not hasattr(out, "__dlpack_device__"):
+            raise TypeError("out=%s: give an array with __dlpack__ and __dlpack_device__ (a "
+                            "PyTorch, CuPy or NumPy array) of at least desc.nbytes, or leave "
+                            "out out for a new Buffer" % type(out).__name__)
+        target = out.view(sys.modules["numpy"].uint8) if _numpy_bool(out) else out
+        kind, dev_id = target.__dlpack_device__()
         if kind in _DL_CUDA_TYPES and device not in (None, dev_id):
             # The copy would run on `device`'s stream, ordered before nothing
             # that the array's own device runs.
@@ -808,7 +970,7 @@ class Consumer:
         if device is None:
             device = dev_id if kind in _DL_CUDA_TYPES else _default_device()
         s = _resolve_stream(stream, device, out)
-        cap = _out_capsule(out, kind, s)
+        cap = _out_capsule(target, kind, s)
         ptr, nbytes, _, _, readonly = _vmmt.capsule_info(cap)
         if readonly:
             raise ValueError("out is read-only")
@@ -827,13 +989,27 @@ class Consumer:
         del cap
         return out
 
-    def ack(self, desc, device=None, stream=None, ranks=None):
-        """Acknowledge without copying (a dropped request)."""
-        first, count = _ranks(ranks)
+    def ack(self, desc, device=None, stream=None, *, ranks):
+        """Acknowledge without copying (a dropped request), for `ranks` (required, as
+        for consume)."""
+        first, count = _args.ranks(ranks)
         device = _stream_device(stream, device)
-        if device is None:
-            device = _default_device()
+        device = _default_device() if device is None else _args.device(device)
         self._c.ack(_desc_bytes(desc), device, _resolve_stream(stream, device), first, count)
+
+    def check(self, desc):
+        """After synchronizing a consume's stream, before using the bytes: raises
+        ProducerGone when the producer died before its copy into the slice was
+        done (what landed is not the buffer); returns None when the bytes are
+        the producer's. Call it wherever producers may die."""
+        self._c.check(_desc_bytes(desc))
+
+    def __repr__(self):
+        if self.closed:
+            return "Consumer(closed)"
+        hits, misses, blocks, held = self.cache_info()
+        return ("Consumer(pools=%d, cache=%d blocks/%d bytes, cache_hits=%d, cache_misses=%d)"
+                % (self.pool_count(), blocks, held, hits, misses))
 
     def evict(self, pool_id, device=None):
         """Unmap a pool (by its 16-byte id, or any of its descriptors, as a

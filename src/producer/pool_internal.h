@@ -122,6 +122,10 @@ struct vmmt_pool {
     /* Per rank: when vmmt_pool_release_rank last released it (vmmt__liveness_tick); lock held. */
     uint64_t released_at[VMMT_BROKER_MAX_RANKS];
     uint64_t rank_releases, released_slices;
+    /* Ranks found dead (a death, the lease) not yet taken by vmmt_pool_take_dead_ranks; lock
+     * held to change; `found_any` is read without it, so a poll with nothing new takes no lock. */
+    uint64_t found_dead[VMMT_BROKER_RANK_WORDS];
+    int found_any;
     /* consumer_lease_ms: when the recycler first saw each slot's occupant in flight. */
     uint32_t *lease_gen;
     int64_t *lease_since_ms;

@@ -42,6 +42,19 @@ static int has_rank(const uint64_t ranks[VMMT_BROKER_RANK_WORDS], uint32_t r)
     return (ranks[r / 64] >> (r % 64)) & 1;
 }
 
+/* Note ranks of the pool found dead, for vmmt_pool_take_dead_ranks; lock held. */
+static void found_dead(struct vmmt_pool *p, const uint64_t ranks[VMMT_BROKER_RANK_WORDS])
+{
+    int any = 0;
+
+    for (uint32_t r = 0; r < (uint32_t)p->cfg.consumer_count; r++)
+        if (has_rank(ranks, r)) {
+            p->found_dead[r / 64] |= 1ull << (r % 64);
+            any = 1;
+        }
+    if (any) __atomic_store_n(&p->found_any, 1, __ATOMIC_RELEASE);
+}
+
 /*
  * The broker saw a consumer process die (on its thread). What the dead
  * process could have held is what was in flight up to its death, so the
@@ -91,7 +104,10 @@ void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WOR
     }
     for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
         p->dead_ranks[w] |= todo[w];
-    if (any) p->dead_pid = pid;
+    if (any) {
+        p->dead_pid = pid;
+        found_dead(p, todo);
+    }
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
     if (any)
@@ -263,6 +279,7 @@ void vmmt__pool_lease_check(struct vmmt_pool *p)
             any = 1;
         }
     }
+    if (any) found_dead(p, stale);
     pthread_mutex_unlock(&p->lock);
     pthread_mutex_unlock(&p->reclaim_lock);
     if (!any) return;
@@ -310,10 +327,43 @@ int vmmt_pool_release_rank(vmmt_pool *p, int rank)
      * broker running late, is known to be covered by it (vmmt__pool_ranks_dead). */
     pthread_mutex_lock(&p->lock);
     p->released_at[rank] = vmmt__liveness_tick();
+    /* A death found before this call is the engine's to know now: not reported after it, where
+     * it would read as the death of the process the engine starts next under the rank. */
+    p->found_dead[rank / 64] &= ~(1ull << (rank % 64));
     pthread_mutex_unlock(&p->lock);
     st = release_ranks(p, ranks, 0, "vmmt_pool_release_rank");
     vmmt__pool_leave(p);
     /* The slices are free once the recycler next reads the table; do it now. */
     if (st == VMMT_OK) st = vmmt_pool_reclaim(p, NULL);
     return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "vmmt_pool_release_rank");
+}
+
+int vmmt_pool_take_dead_ranks(vmmt_pool *p, int *ranks, int capacity, int *count)
+{
+    int n = 0, left = 0;
+
+    if (p == NULL || count == NULL)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_pool_take_dead_ranks: %s is NULL",
+                          p == NULL ? "pool" : "count");
+    *count = 0;
+    if (capacity < 0 || (ranks == NULL && capacity > 0))
+        return vmmt__fail(VMMT_EINVAL,
+                          "vmmt_pool_take_dead_ranks: capacity=%d with ranks %s; give an array "
+                          "of capacity >= 0 ints (NULL only with 0)",
+                          capacity, ranks == NULL ? "NULL" : "set");
+    if (!__atomic_load_n(&p->found_any, __ATOMIC_ACQUIRE)) return VMMT_OK;
+    pthread_mutex_lock(&p->lock);
+    for (uint32_t r = 0; r < VMMT_BROKER_MAX_RANKS; r++) {
+        if (!has_rank(p->found_dead, r)) continue;
+        if (n == capacity) {
+            left = 1;
+            break;
+        }
+        ranks[n++] = (int)r;
+        p->found_dead[r / 64] &= ~(1ull << (r % 64));
+    }
+    if (!left) __atomic_store_n(&p->found_any, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&p->lock);
+    *count = n;
+    return VMMT_OK;
 }

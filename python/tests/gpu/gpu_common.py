@@ -46,7 +46,7 @@ def roundtrip_views(pool, consumer, arrays, from_dlpack, equal):
     publish and consume on device 0: same dtype, shape and values."""
     for a in arrays:
         for view in (a, a[:, ::2], a.transpose(2, 1, 0)):
-            x = from_dlpack(consumer.consume(pool.publish(view), device=0))
+            x = from_dlpack(consumer.consume(pool.publish(view), device=0, ranks=0))
             assert x.dtype == view.dtype and x.shape == view.shape
             assert equal(x, view)
 

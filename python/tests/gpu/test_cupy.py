@@ -15,7 +15,7 @@ def need_cupy():
 
 def test_cupy_roundtrip_and_streams():
     need_cupy()
-    with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=64 << 20) as pool, vmmt.Consumer() as consumer:
         arrays = [(cupy.arange(6 * 7 * 5) % 251).astype(dtype).reshape(6, 7, 5)
                   for dtype in (cupy.float32, cupy.int64, cupy.float16, cupy.uint8)]
         roundtrip_views(pool, consumer, arrays, cupy.from_dlpack,
@@ -24,7 +24,7 @@ def test_cupy_roundtrip_and_streams():
         with s:
             a = cupy.full((1 << 16,), 3, dtype=cupy.float32)
             d = pool.publish(a)  # on s, CuPy's current stream
-            buf = consumer.consume(d, stream=s)
+            buf = consumer.consume(d, stream=s, ranks=0)
             assert buf.stream == s.ptr
             x = cupy.from_dlpack(buf)
             total = float(x.sum())
@@ -33,10 +33,10 @@ def test_cupy_roundtrip_and_streams():
 
 def test_cupy_out():
     need_cupy()
-    with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=64 << 20) as pool, vmmt.Consumer() as consumer:
         a = cupy.arange(1000, dtype=cupy.int32)
         out = cupy.zeros_like(a)
-        consumer.consume(pool.publish(a), out=out)
+        consumer.consume(pool.publish(a), out=out, ranks=0)
         cupy.cuda.Device().synchronize()
         assert bool((out == a).all())
 

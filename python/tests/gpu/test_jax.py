@@ -24,7 +24,7 @@ def need_jax():
 
 def test_jax_roundtrip():
     need_jax()
-    with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=64 << 20) as pool, vmmt.Consumer() as consumer:
         arrays = [(jnp.arange(6 * 7 * 5) % 97).astype(dtype).reshape(6, 7, 5)
                   for dtype in (jnp.float32, jnp.bfloat16, jnp.int32, jnp.uint8)]
         roundtrip_views(pool, consumer, arrays, jax.dlpack.from_dlpack, same)
@@ -38,16 +38,16 @@ def same(x, y):
 def test_jax_cpu_source_and_packed():
     need_jax()
     print("jax", jax.__version__, [str(d) for d in jax.devices()])
-    with vmmt.Pool(0, 64 << 20, 1) as pool, vmmt.Consumer() as consumer:
+    with vmmt.Pool(memory_size=64 << 20) as pool, vmmt.Consumer() as consumer:
         # A host array is copied to the pool's GPU by the publish.
         a = jax.device_put(jnp.arange(4096, dtype=jnp.int32), jax.devices("cpu")[0])
-        x = jax.dlpack.from_dlpack(consumer.consume(pool.publish(a), device=0))
+        x = jax.dlpack.from_dlpack(consumer.consume(pool.publish(a), device=0, ranks=0))
         assert x.devices() == {jax.devices("gpu")[0]} and same(x, a)
         arrays = [jnp.full((n, 3), n, dtype=jnp.float32) for n in (1, 7, 300)]
         descs = pool.publish_many(arrays)
         assert descs is not None and [d.pack_index for d in descs] == [0, 1, 2]
         for d, a in zip(descs, arrays):
-            assert same(jax.dlpack.from_dlpack(consumer.consume(d, device=0)), a)
+            assert same(jax.dlpack.from_dlpack(consumer.consume(d, device=0, ranks=0)), a)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ def producer(conns, count, result):
     try:
         torch.cuda.set_device(0)
         published = 0
-        with vmmt.Pool(0, 64 << 20, len(conns)) as pool:
+        with vmmt.Pool(memory_size=64 << 20, consumer_count=len(conns)) as pool:
             for i in range(count):
                 a = expected(i, "cuda:0")
                 descs = pool.publish_many([a, a.t(), a.cpu()])  # CUDA, non-contiguous, CPU
