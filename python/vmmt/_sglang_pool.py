@@ -192,8 +192,8 @@ class CudaVmmMemoryPool:
             chunk = granularity * max(1, min(4, allocation_size // granularity))
             allocation_size = allocation_size // chunk * chunk
             extra = {"elastic": True, "chunk_size": chunk}
-        pool = vmmt.Pool(self.device_index, allocation_size, self.consumer_count,
-                         handle_type=name, allow_posix_fallback=False,
+        pool = vmmt.Pool(device=self.device_index, memory_size=allocation_size,
+                         consumer_count=self.consumer_count, handle_type=name, allow_posix_fallback=False,
                          timeout_ms=self._timeout_ms, recycle_interval_us=recycle_us,
                          memory_location="host" if self.pool_kind == "host" else "device",
                          **extra)
