@@ -29,6 +29,7 @@ struct request {
     int gone;              /* check_occupant found the occupant gone from its slot */
     uint32_t queued;       /* ranks from `first` whose acknowledgement write_acks queued */
     uint64_t skip[VMMT__MAX_CONSUMERS / 64]; /* the slot's ranks_queued, as claim found it */
+    uint64_t took[VMMT__MAX_CONSUMERS / 64]; /* ranks whose shared word this call took */
 };
 
 static int resolve_ranks(const struct vmmt__desc *d, int first, int count, struct request *rq)
@@ -223,6 +224,15 @@ static void unclaim(vmmt_consumer *c, const struct request *rq)
 
     pthread_mutex_lock(&c->lock);
     if (s->generation != rq->d.generation) goto out; /* a newer occupant took the state */
+    /* A shared table's words this call took go back (take_words, below): nothing was
+     * acknowledged, so another process of the rank may consume it. */
+    for (uint32_t r = rq->first; rq->pool->host_table && r < rq->first + rq->count; r++) {
+        uint32_t expect = vmmt__gen_pending(rq->d.generation);
+        uint32_t *w = rq->pool->ctrl.host + vmmt__ctrl_ack(0, rq->d.slot_stride, rq->d.slot, r) / 4;
+        if (!(rq->took[r / 64] & (1ull << (r % 64)))) continue;
+        __atomic_compare_exchange_n(w, &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        s->ranks_taken[r / 64] &= ~(1ull << (r % 64));
+    }
     for (uint32_t r = rq->first; r < rq->first + rq->queued; r++)
         s->ranks_queued[r / 64] |= 1ull << (r % 64);
     if (rq->ack_now)
@@ -322,12 +332,96 @@ static int check_occupant(vmmt_consumer *c, struct request *rq)
     if (acked != UINT32_MAX) {
         forget_groups_with(rq, acked);
         return vmmt__fail(VMMT_ESTATE,
-                          "descriptor for slot %u generation %u was already acknowledged for "
-                          "rank %u (by this process or another of that rank), or cancelled by "
-                          "its producer; nothing was acknowledged again",
+                          "descriptor for slot %u generation %u was already acknowledged, or "
+                          "is being consumed, for rank %u (by this process or another of that "
+                          "rank), or was cancelled by its producer; nothing was acknowledged "
+                          "again",
                           rq->d.slot, gen, acked);
     }
     return VMMT_OK;
+}
+
+/*
+ * A shared table's acknowledgement word goes through TAKEN (G - 1) before it
+ * holds G: a consume moves each asked rank's word there with a
+ * compare-and-swap before it copies, and its acknowledgement, written by the
+ * acker once the copy is done, moves it on to G. So a second process of the
+ * same rank that comes while the first's copy is queued finds the word
+ * taken and is refused (before, it found no acknowledgement yet, was
+ * accepted, and its own acknowledgement could recycle the slice under the
+ * first one's copy: the model test, seed 1015). The producer waits for G,
+ * as before; a release writes G over TAKEN. Device tables have no atomic
+ * operation across processes: there, one process per rank stays the rule
+ * (docs/design.md). Consumer lock held.
+ */
+static int taken_here(const struct request *rq, uint32_t r)
+{
+    const struct slot_state *s = &rq->pool->slots[rq->d.slot];
+
+    return s->generation == rq->d.generation && (s->ranks_taken[r / 64] & (1ull << (r % 64)));
+}
+
+static uint32_t *shared_row(const struct request *rq)
+{
+    return rq->pool->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4;
+}
+
+/* Give back the words this call took (a failure after take_words). */
+static void give_back_words(struct request *rq)
+{
+    uint32_t *row = shared_row(rq), taken = vmmt__gen_pending(rq->d.generation);
+
+    for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
+        uint32_t expect = taken;
+        if (!(rq->took[r / 64] & (1ull << (r % 64)))) continue;
+        /* A release may have written G meanwhile: then it stays. */
+        __atomic_compare_exchange_n(&row[1 + r], &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        rq->took[r / 64] &= ~(1ull << (r % 64));
+    }
+}
+
+static int take_words(struct request *rq)
+{
+    uint32_t gen = rq->d.generation, taken = vmmt__gen_pending(gen), *row;
+
+    if (!rq->pool->host_table) return VMMT_OK;
+    row = shared_row(rq);
+    for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
+        uint32_t cur = vmmt__ctrl_load(&row[1 + r]), ready;
+        if (taken_here(rq, r)) continue; /* a later member of a group this process opened */
+        for (;;) {
+            if (cur == gen || cur == taken) {
+                give_back_words(rq);
+                return vmmt__fail(VMMT_ESTATE,
+                                  "descriptor for slot %u generation %u is being consumed or "
+                                  "was acknowledged for rank %u by another process of that "
+                                  "rank; nothing was acknowledged",
+                                  rq->d.slot, gen, r);
+            }
+            ready = vmmt__ctrl_load(&row[0]);
+            if (ready != gen && ready != taken) {
+                give_back_words(rq);
+                return vmmt__fail(VMMT_ESTATE,
+                                  "slot %u no longer holds generation %u (its ready word reads "
+                                  "%u); nothing was acknowledged",
+                                  rq->d.slot, gen, ready);
+            }
+            if (__atomic_compare_exchange_n(&row[1 + r], &cur, taken, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE))
+                break;
+        }
+        rq->took[r / 64] |= 1ull << (r % 64);
+    }
+    return VMMT_OK;
+}
+
+/* The words taken are this process's now (claim made the slot state this occupant's). */
+static void keep_words(struct request *rq)
+{
+    struct slot_state *s = &rq->pool->slots[rq->d.slot];
+
+    for (int i = 0; i < VMMT__MAX_CONSUMERS / 64; i++)
+        s->ranks_taken[i] |= rq->took[i];
 }
 
 /* copy: dst and dst_size name the destination; 0 for an acknowledgement alone. */
@@ -366,7 +460,14 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
         st = check_occupant(c, rq);
         if (st != VMMT_OK && rq->gone) forget(rq);
     }
-    if (st == VMMT_OK) st = claim(rq);
+    if (st == VMMT_OK) st = take_words(rq);
+    if (st == VMMT_OK) {
+        st = claim(rq);
+        if (st == VMMT_OK)
+            keep_words(rq);
+        else
+            give_back_words(rq);
+    }
     /* Before any copy or acknowledgement: should we die from here on, the producer knows
      * which ranks to release. Liveness is best effort; the consume does not depend on it. */
     if (st == VMMT_OK && rq->pool->link != NULL &&
@@ -425,8 +526,13 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
     if (ip->host_table) {
         w = ip->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4;
         *ready = vmmt__ctrl_load(&w[0]);
-        for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++)
-            if (vmmt__ctrl_load(&w[1 + r]) == rq->d.generation && !queued_here(rq, r)) *acked = r;
+        for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++) {
+            uint32_t v = vmmt__ctrl_load(&w[1 + r]);
+            /* Acknowledged, or taken by another process's consume (take_words). */
+            if ((v == rq->d.generation && !queued_here(rq, r)) ||
+                (v == vmmt__gen_pending(rq->d.generation) && !taken_here(rq, r)))
+                *acked = r;
+        }
         return VMMT_OK;
     }
     vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);

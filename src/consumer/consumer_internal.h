@@ -46,6 +46,9 @@ struct slot_state {
      * process queued before its next write failed (a device table): they
      * land, so a retry skips them, and finding them set is no double consume. */
     uint64_t ranks_queued[VMMT__MAX_CONSUMERS / 64];
+    /* Ranks whose word of a shared table this process moved to TAKEN (consume.c,
+     * take_words) for this occupant: its own, not another process's consume. */
+    uint64_t ranks_taken[VMMT__MAX_CONSUMERS / 64];
     struct pack_group groups[PACK_GROUPS];
 };
 

@@ -43,7 +43,7 @@ int main(int argc, char **argv)
     d = vmmt__drv();
     vmmt_pool_config_init(&cfg);
     cfg.memory_size = 4u << 20;
-    cfg.consumer_count = 1;
+    cfg.consumer_count = 2; /* two ranks: two consumers can copy the same slot within the rules */
     cfg.max_slices = 16;
     cfg.device_control_table = argc > 1 && atoi(argv[1]) != 0;
     if (vmmt_pool_create(&cfg, &pool) != VMMT_OK || vmmt__ctx_enter(0) != VMMT_OK ||

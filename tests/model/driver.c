@@ -1780,6 +1780,7 @@ static void begin_pool(void)
     nseats = 2 + (int)below(MT_MAX_SEATS - 1);
     R.nseats = nseats;
     m_inst_begin(&M, (const uint8_t[16]){0}, R.prm.consumer_count, R.st0.slots, capacity, nseats);
+    cur()->shared_table = R.host_table;
     /* Ranks to seats: each rank one holder; with more seats than ranks, a seat holds none. */
     int off = (int)below((uint64_t)nseats);
     for (int s = 0; s < nseats; s++) {

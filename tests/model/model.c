@@ -253,6 +253,15 @@ static struct m_verdict judge(const struct model *m, const struct m_rec *r, int 
     unsigned refusals = M_A(VMMT_ESTATE);
     int unacked = r->state == M_LIVE && (r->acked & R) == 0;
     int twice = p != NULL && (p->members & (1u << member));
+    int taken = 0;
+
+    /* A shared table: another process holding a packed group of it half consumed for one
+     * of these ranks has taken their words; this process is refused until that group is
+     * acknowledged or released. */
+    for (int i = 0; in->shared_table && i < r->nprog; i++) {
+        const struct m_prog *q = &r->prog[i];
+        if (q->ctx != m->seat[s].ctx && !q->done && q->members != 0 && (q->ranks & R)) taken = 1;
+    }
 
     if (forged)
         refusals |= M_A(VMMT_EPROTO) | M_A(VMMT_EINVAL) | M_A(VMMT_ESYS) | M_A(VMMT_EPERM) |
@@ -275,6 +284,10 @@ static struct m_verdict judge(const struct model *m, const struct m_rec *r, int 
     } else if (twice) {
         v.allow = refusals;
         v.why = "this member was consumed already in this process: refused (VMMT_ESTATE)";
+    } else if (taken) {
+        v.allow = refusals;
+        v.why = "another process of these ranks is consuming its group (their words are "
+                "taken): refused (VMMT_ESTATE)";
     } else {
         v.allow = M_A(VMMT_OK) | M_A(VMMT_ETIMEDOUT) | (forged ? refusals : 0);
         v.why = forged ? "names a LIVE unacknowledged occupant: OK or a refusal"

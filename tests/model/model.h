@@ -77,6 +77,7 @@ struct m_inst {
     struct m_res res[MT_MAX_RES];
     uint64_t releases_min, releases_max; /* what vmmt_pool_stats.rank_releases may show */
     uint64_t released_at[MT_MAX_RANKS];  /* model clock of the last vmmt_pool_release_rank */
+    int shared_table; /* a consume takes its ranks' words there (TAKEN, docs/descriptor.md) */
 };
 
 struct m_copy {

@@ -347,10 +347,10 @@ static void dead_producer_every_consumer(struct fixture *f, int device_table)
     assert_int_equal(d->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     assert_vmmt_ok(vmmt_consumer_create(NULL, &other));
     spawn_producer(&p, device_table);
-    /* Two processes' worth of consumers wait for the same copy, which never lands. */
-    assert_vmmt_ok(
-        vmmt_consume(f->consumer, &p.d[2], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
-    assert_vmmt_ok(vmmt_consume(other, &p.d[2], 0, f->dst + 8192, 8192, s2, VMMT_ALL_RANKS, 0));
+    /* Two processes' worth of consumers, one per rank, wait for the same copy, which never
+     * lands. */
+    assert_vmmt_ok(vmmt_consume(f->consumer, &p.d[2], 0, f->dst, f->cap, f->stream, 0, 1));
+    assert_vmmt_ok(vmmt_consume(other, &p.d[2], 0, f->dst + 8192, 8192, s2, 1, 1));
     kill_producer(&p);
     assert_int_equal(d->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
     assert_int_equal(d->cuStreamSynchronize(s2), CUDA_SUCCESS);

@@ -283,6 +283,74 @@ static void test_cancelled_queued_device_table(void **state)
     cancelled(*state, 1, 0);
 }
 
+/*
+ * Two processes of one rank (here two consumers, whose imports share
+ * nothing but the table): while the first one's copy is queued, its
+ * acknowledgement not yet written, the second is refused, so its own
+ * acknowledgement cannot recycle the slice under the first's copy (the model
+ * test, seed 1015: accepted, since the first's word showed nothing yet).
+ * Shared tables only: a device table has no atomic operation across
+ * processes, and one process per rank stays the rule there.
+ */
+static void test_second_process_of_rank_refused_while_copy_queued(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_buffer b = bytes(f->src, N);
+    vmmt_consumer *other;
+    struct gate g;
+    vmmt_desc d;
+
+    make_pool(f, 1, 0, VMMT_HANDOFF_AUTO);
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &other));
+    put(f, f->src, N, 8);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    sync_stream(f);
+    gate_close(&g, f->stream); /* the first consume's copy stays queued */
+    assert_vmmt_ok(consume_all(f, f->consumer, &d));
+    assert_int_equal(vmmt_consumer_ack(other, &d, 0, f->stream, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
+    assert_error_contains("is being consumed");
+    assert_int_equal(stats(f->pool).in_flight, 1);
+    gate_open_later(&g, 10);
+    gate_free(&g);
+    sync_stream(f);
+    expect(f, f->dst, N, 8);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(consume_all(f, other, &d), VMMT_ESTATE);
+    vmmt_consumer_destroy(other);
+}
+
+/*
+ * A consume whose wait for the ready word failed acknowledges nothing
+ * (vmmt.h) and gives its rank's word back, so another process of the rank
+ * (or a retry) consumes it.
+ */
+static void test_failed_wait_gives_word_back(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_buffer b = bytes(f->src, N);
+    vmmt_consumer *other;
+    struct gate g;
+    vmmt_desc d;
+
+    if (!on_emu() || pool_kind_host()) skip();
+    make_pool(f, 1, 0, VMMT_HANDOFF_STREAM);
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &other));
+    put(f, f->src, N, 9);
+    gate_close(&g, f->stream); /* PENDING: the consume must wait on its stream */
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    emu_fail("cuStreamWaitValue32:*:CUDA_ERROR_UNKNOWN");
+    assert_int_not_equal(consume_all(f, f->consumer, &d), VMMT_OK);
+    emu_reset();
+    gate_open_later(&g, 10);
+    gate_free(&g);
+    sync_stream(f);
+    assert_vmmt_ok(consume_all(f, other, &d));
+    sync_stream(f);
+    expect(f, f->dst, N, 9);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    vmmt_consumer_destroy(other);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,6 +367,8 @@ int main(void)
         T(test_cancelled_queued_host_table),
         T(test_cancelled_landed_device_table),
         T(test_cancelled_queued_device_table),
+        T(test_second_process_of_rank_refused_while_copy_queued),
+        T(test_failed_wait_gives_word_back),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
