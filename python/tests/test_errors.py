@@ -101,8 +101,10 @@ def test_closed(no_leaks):
 def test_stale(pool, consumer):
     d = pool.publish(np.arange(4, dtype=np.int32))
     consumer.consume(d, ranks=0)
+    # Refused as consumed already, or (once its acknowledgement landed and the recycler
+    # retired the slot, which a loaded machine can do between two calls) as no longer live.
     for call in (lambda: consumer.consume(d, ranks=0), lambda: consumer.ack(d, ranks=0)):
-        with pytest.raises(vmmt.Stale, match="already") as e:
+        with pytest.raises(vmmt.Stale, match="already|no live occupant") as e:
             call()
         assert e.value.status == vmmt.ESTATE
     d = pool.publish(np.arange(4, dtype=np.int32))
