@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "acker.h"
 #include "broker.h"
 #include "clock.h"
 #include "consumer_internal.h"
@@ -336,6 +337,10 @@ int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
         return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_check: consumer and descriptor are required");
     st = vmmt__desc_decode(desc->bytes, &d);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_consumer_check");
+    /* Copies whose events completed may still wait for the acker's thread to judge them
+     * (overtaken, or after an ABANDONED word): judged now, in this thread, so that a check
+     * after the stream's synchronize sees them (the model test: OK for such a copy). */
+    vmmt__acker_flush(c->acker);
     pthread_mutex_lock(&c->lock);
     for (struct imported *ip = c->pools; ip != NULL && !failed; ip = ip->next) {
         if (memcmp(ip->geometry.pool_id, d.pool_id, 16) != 0) continue;
@@ -347,6 +352,13 @@ int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
         vmmt__cache_producer_gone(c, ip, 0);
         if (d.slot < ip->geometry.table_slots && ip->slots[d.slot].generation == d.generation &&
             ip->slots[d.slot].failed)
+            failed = 1;
+        /* ABANDONED in a shared table: another consumer found the producer dead before the
+         * bytes landed, whatever this process has seen of the death yet. */
+        if (ip->host_table && d.slot < ip->geometry.table_slots &&
+            vmmt__occupant_of(
+                vmmt__ctrl_load(ip->ctrl.host + vmmt__ctrl_ready(0, d.slot_stride, d.slot) / 4),
+                d.generation) == VMMT__OCC_ABANDONED)
             failed = 1;
     }
     pthread_mutex_lock(&c->failed_lock);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "emu.h"
+#include "pool_internal.h"
 #include "poolfix.h"
 
 #define N 4096
@@ -351,6 +352,47 @@ static void test_failed_wait_gives_word_back(void **state)
     vmmt_consumer_destroy(other);
 }
 
+/*
+ * A repair another consumer made: the ready word ABANDONED for an occupant
+ * whose copy this consumer queued. vmmt_consumer_check must say EFAILED as
+ * soon as the stream is synchronized, whatever this process has seen of the
+ * producer's death and whether or not its acknowledgement thread has run
+ * (the model test, seeds 1002 and 236 under load: OK, for a copy that held
+ * an older buffer's bytes). The word is set by the test here, as the other
+ * consumer would set it.
+ */
+static void test_check_after_another_consumers_repair(void **state)
+{
+    struct fixture *f = *state;
+    const struct vmmt_drv *drv = vmmt__drv();
+    vmmt_buffer b = bytes(f->src, N);
+    struct gate g;
+    CUstream s2;
+    vmmt_desc d;
+    uint32_t slot, gen, *ready;
+    int st;
+
+    if (!on_emu() || pool_kind_host()) skip();
+    make_pool(f, 1, 0, VMMT_HANDOFF_STREAM);
+    assert_int_equal(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    put(f, f->src, N, 10);
+    gate_close(&g, f->stream);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d)); /* PENDING behind the gate */
+    /* The consumer's copy waits on the word, on a stream of its own. */
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
+    vmmt__desc_own_slot(d.bytes, &slot, &gen);
+    ready = f->pool->table_host + vmmt__ctrl_ready(0, f->pool->stride, slot) / 4;
+    __atomic_store_n(ready, vmmt__gen_abandoned(gen), __ATOMIC_RELEASE);
+    assert_int_equal(drv->cuStreamSynchronize(s2), CUDA_SUCCESS); /* released by ABANDONED */
+    st = vmmt_consumer_check(f->consumer, &d);
+    /* The live producer's gated copy then lands; the slot goes back as usual. */
+    gate_open_later(&g, 0);
+    gate_free(&g);
+    sync_stream(f);
+    assert_int_equal(drv->cuStreamDestroy(s2), CUDA_SUCCESS);
+    assert_int_equal(st, VMMT_EFAILED);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -369,6 +411,7 @@ int main(void)
         T(test_cancelled_queued_device_table),
         T(test_second_process_of_rank_refused_while_copy_queued),
         T(test_failed_wait_gives_word_back),
+        T(test_check_after_another_consumers_repair),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
