@@ -692,10 +692,14 @@ VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, i
 /*
  * Were the bytes a consume copied really the producer's? VMMT_OK, or
  * VMMT_EFAILED when the producer died before its copy into the slice was
- * done (its ready flag never set): the consumer then set the flag itself so
- * that its stream is not blocked for ever, and what landed at dst is not the
- * buffer. Call it after synchronizing the consume's stream, before using the
- * bytes, wherever producers may die. A consumer learns of a producer's death
+ * done (its ready flag never set): a consumer (this one or another) then
+ * marked the flag ABANDONED so that streams are not blocked for ever, and
+ * what landed at dst is not the buffer; also when the occupant left its slot
+ * while this process's copy ran (docs/design.md, the case not covered).
+ * Call it after synchronizing the consume's stream, before using the bytes,
+ * wherever producers may die: it judges copies completed by then, and reads
+ * a shared table's ready word, whatever this process has seen of the death.
+ * VMMT_EPROTO for a descriptor whose seal fails. A consumer learns of a producer's death
  * through the broker connection (POSIX_FD pools); consumes of such a pool
  * then fail with VMMT_ECLOSED, and the pool is let go once its copies are
  * done. Thread-safe.
