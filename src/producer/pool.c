@@ -279,7 +279,7 @@ static int alloc_host_state(struct vmmt_pool *p)
 }
 
 /* The pool's stream, and its zeroed control table: shared host memory (a device pool's was made
- * with the layout), or device memory, its pool record after the rows, and a pinned copy. */
+ * with the layout), or device memory, its pool record before the rows, and a pinned copy. */
 static int setup_stream(struct vmmt_pool *p)
 {
     const struct vmmt_drv *d = vmmt__drv();
