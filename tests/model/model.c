@@ -456,7 +456,10 @@ int m_evict_expect(const struct model *m, int s)
         const struct m_rec *r = &m->rec[i];
         const struct m_prog *p = r->used ? prog_of(r, st->ctx) : NULL;
         if (!r->used || r->inst != m->cur || p == NULL || p->done) continue;
-        if (r->state == M_LIVE && m->inst[m->cur].ended == M_OPEN) return 0;
+        /* A group one of whose ranks another party acknowledged (a release, a cancel) is
+         * forgotten by the library once a member of it is tried again: either answer. */
+        if (r->state == M_LIVE && m->inst[m->cur].ended == M_OPEN && (r->acked & p->ranks) == 0)
+            return 0;
         stale = 1;
     }
     return stale ? -1 : 1;
