@@ -216,6 +216,18 @@ static int claim(struct request *rq)
  * acknowledgement write failed: nothing was acknowledged, so the caller may
  * retry. Consumer lock taken here.
  */
+/*
+ * Rank r's shared word back from TAKEN (take_words, below), if it still holds
+ * it: a release may have written G meanwhile, and then it stays.
+ */
+static void give_back_word(const struct request *rq, uint32_t r)
+{
+    uint32_t expect = vmmt__gen_pending(rq->d.generation);
+    uint32_t *w = rq->pool->ctrl.host + vmmt__ctrl_ack(0, rq->d.slot_stride, rq->d.slot, r) / 4;
+
+    __atomic_compare_exchange_n(w, &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
 static void unclaim(vmmt_consumer *c, const struct request *rq)
 {
     struct slot_state *s = &rq->pool->slots[rq->d.slot];
@@ -227,10 +239,8 @@ static void unclaim(vmmt_consumer *c, const struct request *rq)
     /* A shared table's words this call took go back (take_words, below): nothing was
      * acknowledged, so another process of the rank may consume it. */
     for (uint32_t r = rq->first; rq->pool->host_table && r < rq->first + rq->count; r++) {
-        uint32_t expect = vmmt__gen_pending(rq->d.generation);
-        uint32_t *w = rq->pool->ctrl.host + vmmt__ctrl_ack(0, rq->d.slot_stride, rq->d.slot, r) / 4;
         if (!(rq->took[r / 64] & (1ull << (r % 64)))) continue;
-        __atomic_compare_exchange_n(w, &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        give_back_word(rq, r);
         s->ranks_taken[r / 64] &= ~(1ull << (r % 64));
     }
     for (uint32_t r = rq->first; r < rq->first + rq->queued; r++)
@@ -369,13 +379,9 @@ static uint32_t *shared_row(const struct request *rq)
 /* Give back the words this call took (a failure after take_words). */
 static void give_back_words(struct request *rq)
 {
-    uint32_t *row = shared_row(rq), taken = vmmt__gen_pending(rq->d.generation);
-
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
-        uint32_t expect = taken;
         if (!(rq->took[r / 64] & (1ull << (r % 64)))) continue;
-        /* A release may have written G meanwhile: then it stays. */
-        __atomic_compare_exchange_n(&row[1 + r], &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        give_back_word(rq, r);
         rq->took[r / 64] &= ~(1ull << (r % 64));
     }
 }
