@@ -121,6 +121,14 @@ static void remove_conn(struct vmmt__broker *b, int i)
     b->conns[i] = b->conns[--b->nconns];
 }
 
+/* Find a connection again by its accept number: handling one may reorder the table. */
+static int find_conn(const struct vmmt__broker *b, uint64_t seq)
+{
+    for (int i = 0; i < b->nconns; i++)
+        if (b->conns[i].seq == seq) return i;
+    return -1;
+}
+
 static bool readable_now(int fd)
 {
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -253,14 +261,40 @@ static void update_live(struct vmmt__broker *b)
         atomic_store_explicit(&b->live[w], live[w], memory_order_relaxed);
 }
 
+static bool serve_link(struct vmmt__broker *b, int i, bool own);
+
+/*
+ * Read every announcement the other links have sent so far (all links but
+ * the one numbered `except`; 0: all). An announcement counts from when its
+ * consumer sent it, not from when this thread gets to it: a consume that
+ * returned before a death, or before vmmt_pool_release_rank, announced its
+ * ranks before it, and the death must find them held (the model test saw a
+ * live process's rank released when one poll round reported the death
+ * first). Hang-ups are left for their own events.
+ */
+static void read_announcements(struct vmmt__broker *b, uint64_t except)
+{
+    /* Downwards: a link removed on the way (a goodbye) moves the last one, already read, in. */
+    for (int j = b->nconns - 1; j >= 0; j--)
+        if (b->conns[j].seq != except && b->conns[j].state == CONN_HELD && b->conns[j].fd >= 0)
+            (void)serve_link(b, j, false);
+}
+
 /* The link's process is dead: hand its last-held ranks to the pool, then forget it. */
 static void link_died(struct vmmt__broker *b, int i)
 {
     uint64_t ranks[VMMT_BROKER_RANK_WORDS];
     uint64_t held[VMMT_BROKER_MAX_RANKS];
-    pid_t pid = b->conns[i].pid;
-    uid_t uid = b->conns[i].uid;
-    bool any = orphaned_ranks(b, i, ranks);
+    uint64_t seq = b->conns[i].seq;
+    pid_t pid;
+    uid_t uid;
+    bool any;
+
+    read_announcements(b, seq);
+    i = find_conn(b, seq);
+    pid = b->conns[i].pid;
+    uid = b->conns[i].uid;
+    any = orphaned_ranks(b, i, ranks);
 
     memcpy(held, b->conns[i].held, sizeof held);
     count(&b->deaths);
@@ -313,16 +347,26 @@ static void link_closed(struct vmmt__broker *b, int i)
     link_died(b, i);
 }
 
-/* Read what a link sent; returns false when the link is gone (removed or orphaned). */
-static bool serve_link(struct vmmt__broker *b, int i)
+/*
+ * Read what a link sent; returns false when the link is gone (removed or
+ * orphaned). On its own event (`own`), a round's share, and a hang-up is
+ * handled here; read ahead for another link's death or a sync, everything
+ * it sent, and a hang-up is left for its own event.
+ */
+static bool serve_link(struct vmmt__broker *b, int i, bool own)
 {
-    for (int k = 0; k < MSGS_PER_ROUND; k++) {
+    /* A consumer announces each rank once, so all it can have sent is one message per rank
+     * and a goodbye; more than that is a flood, read on its own events. */
+    int most = own ? MSGS_PER_ROUND : VMMT_BROKER_MAX_RANKS + 1;
+
+    for (int k = 0; k < most; k++) {
         uint8_t buf[VMMT__BMSG_SIZE + 1];
         char why[160];
         struct vmmt__bmsg m;
         ssize_t n = recv(b->conns[i].fd, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC);
 
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+        if (n <= 0 && !own) return true;
         if (n <= 0) {
             link_closed(b, i);
             return false;
@@ -473,14 +517,6 @@ static int next_timeout(const struct vmmt__broker *b, int64_t now)
     return next <= now ? 0 : (int)(next - now);
 }
 
-/* Find a connection again by its accept number: handling one may reorder the table. */
-static int find_conn(const struct vmmt__broker *b, uint64_t seq)
-{
-    for (int i = 0; i < b->nconns; i++)
-        if (b->conns[i].seq == seq) return i;
-    return -1;
-}
-
 static void handle_event(struct vmmt__broker *b, const struct pollfd *p, uint64_t seq, bool pidfd)
 {
     int i = find_conn(b, seq);
@@ -503,13 +539,32 @@ static void handle_event(struct vmmt__broker *b, const struct pollfd *p, uint64_
         return;
     }
     if (b->conns[i].state == CONN_HELD) {
-        if ((p->revents & POLLIN) && !serve_link(b, i)) return;
+        if ((p->revents & POLLIN) && !serve_link(b, i, true)) return;
         /* Everything it sent is read: a hang-up now is its end. */
         if (p->revents & (POLLHUP | POLLERR)) {
             i = find_conn(b, seq);
             if (i >= 0 && b->conns[i].fd == p->fd && !readable_now(p->fd)) link_closed(b, i);
         }
     }
+}
+
+/* A thread waits in vmmt__broker_sync: read every link's announcements, then say so. */
+static void answer_sync(struct vmmt__broker *b)
+{
+    uint64_t v, asked;
+
+    /* Reset first: a request made after the ticket is read below wakes the next round. */
+    if (read(b->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
+        vmmt__log(VMMT_LOG_WARN, "fd broker: reading its wake-up: %s", strerror(errno));
+    pthread_mutex_lock(&b->sync_lock);
+    asked = b->sync_asked;
+    pthread_mutex_unlock(&b->sync_lock);
+    read_announcements(b, 0);
+    update_live(b);
+    pthread_mutex_lock(&b->sync_lock);
+    b->sync_done = asked;
+    pthread_cond_broadcast(&b->sync_cond);
+    pthread_mutex_unlock(&b->sync_lock);
 }
 
 /* One round of poll; returns false when stop was asked for. */
@@ -543,7 +598,10 @@ static bool serve_round(struct vmmt__broker *b)
         /* Sleep a little rather than spin; stop still wakes us within that. */
         poll(pfd, 1, 10);
     }
-    if (r > 0 && pfd[0].revents != 0) return false;
+    if (r > 0 && pfd[0].revents != 0) {
+        if (atomic_load(&b->stopping)) return false;
+        answer_sync(b);
+    }
     now = vmmt__now_ms();
     for (int k = 2; r > 0 && k < n; k++) {
         if (pfd[k].revents != 0) handle_event(b, &pfd[k], b->who[k].seq, b->who[k].pidfd);

@@ -119,6 +119,16 @@ struct vmmt__broker_stats {
 };
 void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats *out);
 
+/*
+ * Have the broker's thread read every announcement its links sent before
+ * this call, waiting at most timeout_ms (VMMT_ETIMEDOUT then). After an OK,
+ * a rank some consumer announced before the call shows in
+ * vmmt__broker_live_ranks, stamped (vmmt__broker_dead_fn's held) before the
+ * vmmt__liveness_tick taken next. NULL: nothing to do. Never call it from
+ * the broker's thread (an on_dead callback).
+ */
+int vmmt__broker_sync(struct vmmt__broker *b, int timeout_ms);
+
 /* The ranks some live link (or orphan) holds now; thread-safe. All zero for NULL. */
 void vmmt__broker_live_ranks(const struct vmmt__broker *b, uint64_t out[VMMT_BROKER_RANK_WORDS]);
 

@@ -77,6 +77,12 @@ struct vmmt__broker {
         bool pidfd;
     } who[2 + 2 * MAX_CONNS];
 
+    /* vmmt__broker_sync and stop wake the thread through wake_fd; stopping tells which. */
+    atomic_bool stopping;
+    pthread_mutex_t sync_lock;
+    pthread_cond_t sync_cond;     /* CLOCK_MONOTONIC */
+    uint64_t sync_asked, sync_done; /* under sync_lock */
+
     _Atomic uint64_t live[VMMT_BROKER_RANK_WORDS]; /* ranks held by links, for other threads */
     _Atomic uint64_t served, refused_peer, refused_pool, timed_out, malformed, evicted, held,
         deaths, goodbyes;

@@ -229,6 +229,24 @@ static int start_thread(struct vmmt__broker *b)
     return VMMT_OK;
 }
 
+/* The lock and condition of vmmt__broker_sync; the condition times on CLOCK_MONOTONIC. */
+static int init_sync(struct vmmt__broker *b)
+{
+    pthread_condattr_t ca;
+    int err = pthread_condattr_init(&ca);
+
+    if (err == 0) err = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (err == 0) err = pthread_cond_init(&b->sync_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (err == 0) {
+        err = pthread_mutex_init(&b->sync_lock, NULL);
+        if (err != 0) pthread_cond_destroy(&b->sync_cond);
+    }
+    if (err == 0) return VMMT_OK;
+    errno = err;
+    return vmmt__sys_fail("the broker's sync condition");
+}
+
 /* The broker's own copies: the caller may close its fds as soon as start returns. */
 static int dup_served(struct vmmt__broker *b, const int *fds, int nfds)
 {
@@ -266,6 +284,8 @@ int vmmt__broker_start_fds(const int *fds, int nfds, const uint8_t pool_id[16],
     b->euid = geteuid();
     st = copy_config(b, cfg);
     if (st != VMMT_OK) goto fail_free;
+    st = init_sync(b);
+    if (st != VMMT_OK) goto fail_free;
     st = dup_served(b, fds, nfds);
     if (st != VMMT_OK) goto fail_served;
     b->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -294,6 +314,8 @@ fail_wake:
     vmmt__close_fd(&b->wake_fd);
 fail_served:
     close_served(b);
+    pthread_cond_destroy(&b->sync_cond);
+    pthread_mutex_destroy(&b->sync_lock);
 fail_free:
     free(b->allowed);
     free(b);
@@ -320,6 +342,7 @@ void vmmt__broker_stop(struct vmmt__broker *b)
     int err;
 
     if (b == NULL) return;
+    atomic_store(&b->stopping, true);
     /* The eventfd is non-blocking and far from overflow: the write cannot fail here. */
     if (write(b->wake_fd, &one, sizeof one) != (ssize_t)sizeof one)
         vmmt__log(VMMT_LOG_ERROR, "fd broker: cannot wake the thread: %s", strerror(errno));
@@ -340,8 +363,42 @@ void vmmt__broker_stop(struct vmmt__broker *b)
     vmmt__guard_unreserve(MAX_CONNS + 1);
     vmmt__close_fd(&b->wake_fd);
     close_served(b);
+    pthread_cond_destroy(&b->sync_cond);
+    pthread_mutex_destroy(&b->sync_lock);
     free(b->allowed);
     free(b);
+}
+
+int vmmt__broker_sync(struct vmmt__broker *b, int timeout_ms)
+{
+    struct timespec until;
+    uint64_t one = 1, ticket;
+    bool done;
+    int err = 0;
+
+    if (b == NULL) return VMMT_OK;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&b->sync_lock);
+    ticket = ++b->sync_asked;
+    pthread_mutex_unlock(&b->sync_lock);
+    if (write(b->wake_fd, &one, sizeof one) != (ssize_t)sizeof one)
+        return vmmt__sys_fail("waking the fd broker's thread to read its links");
+    pthread_mutex_lock(&b->sync_lock);
+    while (b->sync_done < ticket && err == 0)
+        err = pthread_cond_timedwait(&b->sync_cond, &b->sync_lock, &until);
+    done = b->sync_done >= ticket;
+    pthread_mutex_unlock(&b->sync_lock);
+    if (done) return VMMT_OK;
+    return vmmt__fail(VMMT_ETIMEDOUT,
+                      "the fd broker's thread did not read its liveness links within %d ms (it "
+                      "is busy or stuck)",
+                      timeout_ms);
 }
 
 void vmmt__broker_live_ranks(const struct vmmt__broker *b, uint64_t out[VMMT_BROKER_RANK_WORDS])

@@ -206,27 +206,42 @@ static int release_device(struct vmmt_pool *p, const uint64_t ranks[], int noted
 }
 
 /*
- * Acknowledge for `ranks` every slice in flight, or with `noted` only what
- * a death noted (slot_ranks); the caller is active or the recycler.
+ * Acknowledge for `ranks` every slice in flight, or, with `ranks` NULL, what
+ * deaths noted and is still to release (slot_ranks); the caller is active or
+ * the recycler. A death's pending ranks are taken under the locks, and a
+ * release of given ranks drops what a death of theirs still had to do
+ * (everything it noted is in flight now, or recycled), so that a death that
+ * vmmt_pool_release_rank covered is neither released nor counted again after
+ * it: rank_releases stays exact for an engine that waits on it.
  */
-static int release_ranks(struct vmmt_pool *p, const uint64_t ranks[], int noted, const char *why)
+static int release_ranks(struct vmmt_pool *p, const uint64_t *given, const char *given_why)
 {
-    uint64_t live[VMMT_BROKER_RANK_WORDS] = {0};
+    uint64_t live[VMMT_BROKER_RANK_WORDS] = {0}, ranks[VMMT_BROKER_RANK_WORDS] = {0};
     uint32_t slices = 0, nranks = 0;
-    char list[256];
+    int noted = given == NULL;
+    char list[256], why[160];
     int st = VMMT_OK;
 
-    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
-        nranks += (uint32_t)__builtin_popcountll(ranks[w]);
+    snprintf(why, sizeof why, "%s", noted ? "a consumer died" : given_why);
     pthread_mutex_lock(&p->reclaim_lock);
     if (!p->host_table) st = vmmt__pool_read_table(p);
     if (st == VMMT_OK && !p->host_table) st = vmmt__ctx_enter(p->device);
     if (st == VMMT_OK) {
         pthread_mutex_lock(&p->lock);
-        if (noted) vmmt__broker_live_ranks(p->broker, live);
+        if (noted) {
+            memcpy(ranks, p->dead_ranks, sizeof ranks);
+            snprintf(why, sizeof why, "consumer pid %d died", (int)p->dead_pid);
+            vmmt__broker_live_ranks(p->broker, live);
+        } else {
+            memcpy(ranks, given, sizeof ranks);
+        }
+        for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++) {
+            p->dead_ranks[w] &= ~ranks[w];
+            nranks += (uint32_t)__builtin_popcountll(ranks[w]);
+        }
         if (p->host_table)
             slices = release_host(p, ranks, noted, live);
-        else
+        else if (nranks > 0)
             st = release_device(p, ranks, noted, live, &slices);
         /* Done with, or no longer to be done: the noted ranks of these ranks. */
         for (uint32_t i = 0; i < p->slots; i++)
@@ -240,8 +255,10 @@ static int release_ranks(struct vmmt_pool *p, const uint64_t ranks[], int noted,
     pthread_mutex_unlock(&p->reclaim_lock);
     rank_list(ranks, list, sizeof list);
     if (st != VMMT_OK) return vmmt__wrap(st, "releasing rank(s) %s (%s)", list, why);
-    vmmt__log(VMMT_LOG_WARN, "released rank(s) %s (%s): %u slice(s) acknowledged on their behalf",
-              list, why, slices);
+    if (nranks > 0)
+        vmmt__log(VMMT_LOG_WARN,
+                  "released rank(s) %s (%s): %u slice(s) acknowledged on their behalf", list, why,
+                  slices);
     return VMMT_OK;
 }
 
@@ -287,27 +304,19 @@ void vmmt__pool_lease_check(struct vmmt_pool *p)
              "no live consumer process holds it, and it left a slice unacknowledged for more "
              "than consumer_lease_ms=%d",
              p->cfg.consumer_lease_ms);
-    if (release_ranks(p, stale, 0, why) != VMMT_OK) vmmt__pool_quarantine(p);
+    if (release_ranks(p, stale, why) != VMMT_OK) vmmt__pool_quarantine(p);
 }
 
 void vmmt__pool_release_pending(struct vmmt_pool *p)
 {
-    uint64_t ranks[VMMT_BROKER_RANK_WORDS];
-    char why[64];
-    int any = 0;
-
-    pthread_mutex_lock(&p->lock);
-    memcpy(ranks, p->dead_ranks, sizeof ranks);
-    memset(p->dead_ranks, 0, sizeof p->dead_ranks);
-    snprintf(why, sizeof why, "consumer pid %d died", (int)p->dead_pid);
-    pthread_mutex_unlock(&p->lock);
-    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++)
-        any |= ranks[w] != 0;
-    if (any && release_ranks(p, ranks, 1, why) != VMMT_OK) {
+    if (release_ranks(p, NULL, NULL) != VMMT_OK) {
         /* The table could not be read or written: the device is in trouble. */
         vmmt__pool_quarantine(p);
     }
 }
+
+/* How long vmmt_pool_release_rank waits for the broker to read its links. */
+#define BROKER_SYNC_MS 1000
 
 int vmmt_pool_release_rank(vmmt_pool *p, int rank)
 {
@@ -323,6 +332,15 @@ int vmmt_pool_release_rank(vmmt_pool *p, int rank)
     ranks[rank / 64] = 1ull << (rank % 64);
     st = vmmt__pool_enter(p);
     if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_pool_release_rank");
+    /* A consumer that announced the rank before this call took it before this release, so its
+     * death must not release the rank again (what is published from now on is the next
+     * process's): the broker stamps an announcement when it reads it, so have it read them all
+     * first. Late, the next process's slices may be released once under it; say so. */
+    if (vmmt__broker_sync(p->broker, BROKER_SYNC_MS) != VMMT_OK)
+        vmmt__log(VMMT_LOG_WARN,
+                  "vmmt_pool_release_rank(%d): %s; a process that took the rank before this "
+                  "call and dies later may have it released again",
+                  rank, vmmt_last_error());
     /* Before the release: a death of the rank's process seen from now on, by a
      * broker running late, is known to be covered by it (vmmt__pool_ranks_dead). */
     pthread_mutex_lock(&p->lock);
@@ -331,7 +349,7 @@ int vmmt_pool_release_rank(vmmt_pool *p, int rank)
      * it would read as the death of the process the engine starts next under the rank. */
     p->found_dead[rank / 64] &= ~(1ull << (rank % 64));
     pthread_mutex_unlock(&p->lock);
-    st = release_ranks(p, ranks, 0, "vmmt_pool_release_rank");
+    st = release_ranks(p, ranks, "vmmt_pool_release_rank");
     vmmt__pool_leave(p);
     /* The slices are free once the recycler next reads the table; do it now. */
     if (st == VMMT_OK) st = vmmt_pool_reclaim(p, NULL);

@@ -6,9 +6,10 @@
  *       fetch, then write "written by child" at offset 0 of the fd
  *   broker_fetch ADDRESS POOL_HEX32 UID writen N
  *       fetch N fds at once, then write "written by child I" at offset 0 of fd I
- *   broker_fetch ADDRESS POOL_HEX32 UID hold FIRST COUNT [bye]
+ *   broker_fetch ADDRESS POOL_HEX32 UID hold FIRST COUNT [bye|stay]
  *       fetch with a liveness link, hold ranks [FIRST, FIRST+COUNT), and exit:
- *       without a goodbye (a death), or after one with "bye"
+ *       without a goodbye (a death), after one with "bye", or with "stay"
+ *       only when killed (or after 30 s, so that nothing waits for ever)
  *   broker_fetch ADDRESS POOL_HEX32 UID truncate
  *       fetch the allocation and the control table; resizing the table must
  *       fail (it is sealed): exit 0 when both a shrink and a grow were refused
@@ -103,8 +104,10 @@ static int do_writen(const struct vmmt__broker_addr *addr, const uint8_t id[16],
     return rc;
 }
 
+enum hold_end { HOLD_DIE, HOLD_BYE, HOLD_STAY };
+
 static int do_hold(const struct vmmt__broker_addr *addr, const uint8_t id[16], int first, int count,
-                   int bye)
+                   enum hold_end end)
 {
     struct vmmt__broker_link *link = NULL;
     int fd = -1;
@@ -117,9 +120,11 @@ static int do_hold(const struct vmmt__broker_addr *addr, const uint8_t id[16], i
         return 1;
     }
     close(fd);
+    /* The parent kills it when it wants the death (a test ordering it against other links). */
+    if (end == HOLD_STAY) sleep(30);
     /* Without a goodbye, the link closes when this process exits: a death (and _exit, as
      * abrupt as one, without the leak check of the link left open on purpose). */
-    if (!bye) _exit(0);
+    if (end != HOLD_BYE) _exit(0);
     vmmt__broker_link_close(link, 1);
     return 0;
 }
@@ -188,7 +193,10 @@ int main(int argc, char **argv)
     if (strcmp(argv[4], "truncate") == 0) return do_truncate(&addr, id);
     if (strcmp(argv[4], "hold") == 0 && (argc == 7 || argc == 8))
         return do_hold(&addr, id, atoi(argv[5]), atoi(argv[6]),
-                       argc == 8 && strcmp(argv[7], "bye") == 0);
+                       argc == 7                      ? HOLD_DIE
+                       : strcmp(argv[7], "bye") == 0  ? HOLD_BYE
+                       : strcmp(argv[7], "stay") == 0 ? HOLD_STAY
+                                                      : HOLD_DIE);
     if (strcmp(argv[4], "writen") == 0 && argc == 6) {
         int n = atoi(argv[5]);
         if (n < 1 || n > VMMT_BROKER_MAX_FDS) {

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1409,6 +1410,171 @@ static void test_link_death_across_processes(void **state)
     check_resources(&before);
 }
 
+/* An on_dead that holds the broker's thread inside its first call until told to go on. */
+struct gate {
+    struct deaths d;
+    pthread_cond_t cond;
+    int entered, go;
+};
+
+static void on_dead_gated(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
+                          uid_t uid, const uint64_t held[VMMT_BROKER_MAX_RANKS])
+{
+    struct gate *g = user;
+    on_dead(&g->d, ranks, pid, uid, held);
+    pthread_mutex_lock(&g->d.lock);
+    g->entered++;
+    pthread_cond_broadcast(&g->cond);
+    while (!g->go)
+        pthread_cond_wait(&g->cond, &g->d.lock);
+    pthread_mutex_unlock(&g->d.lock);
+}
+
+static void wait_live(const struct vmmt__broker *b, int rank)
+{
+    uint64_t live[VMMT_BROKER_RANK_WORDS];
+    int64_t end = now_ms() + 5000;
+    do {
+        vmmt__broker_live_ranks(b, live);
+        if (live[rank / 64] & (1ull << (rank % 64))) return;
+        usleep(2000);
+    } while (now_ms() < end);
+    fail_msg("rank %d never showed as held", rank);
+}
+
+/*
+ * A rank announced by a live link before another holder of it died is not
+ * released with the death, whatever order the broker's poll reports the two
+ * in: the death is judged only after every other link's announcements are
+ * read. (The model test found the slot of a rank a live process was reading
+ * recycled under it, when the broker saw the death ahead of that process's
+ * announcement in one round.) Made deterministic by holding the broker's
+ * thread in the callback of a first death while the announcement and the
+ * second death both arrive, so that the next round sees both, the dead link
+ * ahead of the announcing one in the table.
+ */
+static void test_link_death_after_others_announcements(void **state)
+{
+    tu_resources before;
+    struct gate g = {.d = {.lock = PTHREAD_MUTEX_INITIALIZER}, .cond = PTHREAD_COND_INITIALIZER};
+    struct vmmt__broker_link *mine = NULL;
+    struct vmmt__broker_stats s;
+    uint64_t live[VMMT_BROKER_RANK_WORDS];
+    char where[300];
+    int fd = -1;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.ranks = 4, .on_dead = on_dead_gated, .user = &g};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    vmmt__broker_addr_format(vmmt__broker_address(b), where, sizeof where);
+
+    /* First in the broker's table: a process holding rank 0, alive until killed. */
+    char *stay[] = {where, (char *)POOL_HEX, "-1", "hold", "0", "1", "stay", NULL};
+    pid_t first = tu_spawn("broker_fetch", stay, -1);
+    wait_live(b, 0);
+    /* Second: this process's link, holding nothing yet. */
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, &fd, 1, &mine));
+    close(fd);
+    /* Third: a process holding rank 1 that dies; its release holds the broker's thread. */
+    char *die[] = {where, (char *)POOL_HEX, "-1", "hold", "1", "1", NULL};
+    assert_int_equal(tu_wait(tu_spawn("broker_fetch", die, -1), 10000), 0);
+    pthread_mutex_lock(&g.d.lock);
+    while (g.entered == 0)
+        pthread_cond_wait(&g.cond, &g.d.lock);
+    pthread_mutex_unlock(&g.d.lock);
+    assert_int_equal(g.d.ranks[0], 0x2);
+
+    /* While it is held: this process announces rank 0, then the first process dies. */
+    assert_vmmt_ok(vmmt__broker_link_hold(mine, 0, 1));
+    assert_int_equal(kill(first, SIGKILL), 0);
+    assert_int_equal(tu_wait(first, 10000), -1);
+    pthread_mutex_lock(&g.d.lock);
+    g.go = 1;
+    pthread_cond_broadcast(&g.cond);
+    pthread_mutex_unlock(&g.d.lock);
+
+    wait_stat(b, pick_deaths, 2, 5000);
+    /* Rank 0 had a live holder when its other holder died: nothing to release. */
+    assert_int_equal(death_calls(&g.d), 1);
+    vmmt__broker_live_ranks(b, live);
+    assert_int_equal(live[0], 0x1);
+    vmmt__broker_stats(b, &s);
+    assert_int_equal(s.deaths, 2);
+    vmmt__broker_link_close(mine, 1);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
+struct sync_call {
+    struct vmmt__broker *b;
+    int st;
+    uint64_t live[VMMT_BROKER_RANK_WORDS];
+};
+
+static void *sync_thread(void *arg)
+{
+    struct sync_call *c = arg;
+    c->st = vmmt__broker_sync(c->b, 5000);
+    vmmt__broker_live_ranks(c->b, c->live);
+    return NULL;
+}
+
+/*
+ * vmmt__broker_sync returns once every announcement sent before it was read
+ * (vmmt_pool_release_rank stamps its release after it, so a process that
+ * announced a rank before the call is known to be covered by it), and says
+ * VMMT_ETIMEDOUT when the broker's thread cannot answer in time.
+ */
+static void test_sync_reads_announcements(void **state)
+{
+    tu_resources before;
+    struct gate g = {.d = {.lock = PTHREAD_MUTEX_INITIALIZER}, .cond = PTHREAD_COND_INITIALIZER};
+    struct vmmt__broker_link *mine = NULL;
+    struct sync_call call = {0};
+    pthread_t t;
+    char where[300];
+    int fd = -1;
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.ranks = 4, .on_dead = on_dead_gated, .user = &g};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    vmmt__broker_addr_format(vmmt__broker_address(b), where, sizeof where);
+    assert_vmmt_ok(vmmt__broker_sync(b, 5000)); /* nothing to read */
+    assert_vmmt_ok(vmmt__broker_sync(NULL, 5000));
+    assert_vmmt_ok(vmmt__broker_fetch_fds(vmmt__broker_address(b), POOL, &ME, 2000, &fd, 1, &mine));
+    close(fd);
+    /* A death holds the broker's thread in its callback. */
+    char *die[] = {where, (char *)POOL_HEX, "-1", "hold", "1", "1", NULL};
+    assert_int_equal(tu_wait(tu_spawn("broker_fetch", die, -1), 10000), 0);
+    pthread_mutex_lock(&g.d.lock);
+    while (g.entered == 0)
+        pthread_cond_wait(&g.cond, &g.d.lock);
+    pthread_mutex_unlock(&g.d.lock);
+
+    assert_vmmt_ok(vmmt__broker_link_hold(mine, 0, 1));
+    assert_int_equal(vmmt__broker_sync(b, 50), VMMT_ETIMEDOUT);
+    assert_error_contains("did not read its liveness links within 50 ms");
+    call.b = b;
+    assert_int_equal(pthread_create(&t, NULL, sync_thread, &call), 0);
+    usleep(20000);
+    pthread_mutex_lock(&g.d.lock);
+    g.go = 1;
+    pthread_cond_broadcast(&g.cond);
+    pthread_mutex_unlock(&g.d.lock);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_vmmt_ok(call.st);
+    assert_int_equal(call.live[0], 0x1);
+    vmmt__broker_link_close(mine, 1);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
 /* The pure parsers the server runs on what peers send (and fuzzers call). */
 static void test_wire_parsers(void **state)
 {
@@ -1506,6 +1672,8 @@ int main(void)
         cmocka_unit_test(test_link_in_process),
         cmocka_unit_test(test_link_pidfd_and_resolver),
         cmocka_unit_test(test_link_death_across_processes),
+        cmocka_unit_test(test_link_death_after_others_announcements),
+        cmocka_unit_test(test_sync_reads_announcements),
         cmocka_unit_test(test_wire_parsers),
     };
     return cmocka_run_group_tests(tests, warm_up, NULL);
