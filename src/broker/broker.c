@@ -283,18 +283,22 @@ static void read_announcements(struct vmmt__broker *b, uint64_t except)
 /* The link's process is dead: hand its last-held ranks to the pool, then forget it. */
 static void link_died(struct vmmt__broker *b, int i)
 {
-    uint64_t ranks[VMMT_BROKER_RANK_WORDS];
+    uint64_t ranks[VMMT_BROKER_RANK_WORDS], shared[VMMT_BROKER_RANK_WORDS];
     uint64_t held[VMMT_BROKER_MAX_RANKS];
     uint64_t seq = b->conns[i].seq;
+    bool any, any_shared = false;
     pid_t pid;
     uid_t uid;
-    bool any;
 
     read_announcements(b, seq);
     i = find_conn(b, seq);
     pid = b->conns[i].pid;
     uid = b->conns[i].uid;
     any = orphaned_ranks(b, i, ranks);
+    for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++) {
+        shared[w] = b->conns[i].ranks[w] & ~ranks[w];
+        any_shared |= shared[w] != 0;
+    }
 
     memcpy(held, b->conns[i].held, sizeof held);
     count(&b->deaths);
@@ -305,6 +309,7 @@ static void link_died(struct vmmt__broker *b, int i)
      * the dead link must be gone from what it reads by then. */
     update_live(b);
     if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid, held);
+    if (any_shared && b->on_dead_shared != NULL) b->on_dead_shared(b->user, shared, pid, uid);
 }
 
 /*

@@ -48,6 +48,16 @@ typedef void (*vmmt__broker_dead_fn)(void *user, const uint64_t ranks[VMMT_BROKE
                                      pid_t pid, uid_t uid,
                                      const uint64_t held[VMMT_BROKER_MAX_RANKS]);
 
+/*
+ * Called on the broker thread when a dead process held ranks that other
+ * live links hold too (`ranks`): those are not released, but the words it
+ * took for them (a shared table's TAKEN, docs/descriptor.md) are its own
+ * and will never be acknowledged; the pool gives them back.
+ */
+typedef void (*vmmt__broker_shared_dead_fn)(void *user,
+                                            const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
+                                            uid_t uid);
+
 struct vmmt__broker_config {
     const char *path;          /* NULL: an unguessable abstract name; else a filesystem path */
     const uid_t *allowed_uids; /* NULL: only the producer's own effective uid (root is NOT
@@ -63,6 +73,7 @@ struct vmmt__broker_config {
      */
     int ranks;
     vmmt__broker_dead_fn on_dead;
+    vmmt__broker_shared_dead_fn on_dead_shared; /* optional */
     void *user;
     /*
      * Optional: fds for ids other than the pool's own (an elastic pool's

@@ -54,6 +54,7 @@ struct vmmt__broker {
     int timeout_ms;
     int ranks;
     vmmt__broker_dead_fn on_dead;
+    vmmt__broker_shared_dead_fn on_dead_shared;
     void *user;
     int (*resolve)(void *user, const uint8_t id[16], int fds[VMMT_BROKER_MAX_FDS]);
     void *resolve_user;
@@ -80,7 +81,7 @@ struct vmmt__broker {
     /* vmmt__broker_sync and stop wake the thread through wake_fd; stopping tells which. */
     atomic_bool stopping;
     pthread_mutex_t sync_lock;
-    pthread_cond_t sync_cond;     /* CLOCK_MONOTONIC */
+    pthread_cond_t sync_cond;       /* CLOCK_MONOTONIC */
     uint64_t sync_asked, sync_done; /* under sync_lock */
 
     _Atomic uint64_t live[VMMT_BROKER_RANK_WORDS]; /* ranks held by links, for other threads */

@@ -198,6 +198,7 @@ static int copy_config(struct vmmt__broker *b, const struct vmmt__broker_config 
     if (cfg->timeout_ms > 0) b->timeout_ms = cfg->timeout_ms;
     b->ranks = cfg->ranks;
     b->on_dead = cfg->on_dead;
+    b->on_dead_shared = cfg->on_dead_shared;
     b->user = cfg->user;
     b->resolve = cfg->resolve;
     b->resolve_user = cfg->resolve_user;

@@ -349,6 +349,7 @@ static int start_broker(struct vmmt_pool *p, int fd)
     /* Consumers keep their connection as a liveness link: a death releases its ranks. */
     bc.ranks = p->cfg.consumer_count;
     bc.on_dead = vmmt__pool_ranks_dead;
+    bc.on_dead_shared = vmmt__pool_shared_ranks_dead;
     bc.user = p;
     /* An elastic pool serves its table under the pool's id, each chunk under its own. */
     if (p->el != NULL) {

@@ -222,6 +222,9 @@ void vmmt__host_pool_set_ready(struct vmmt_pool *p, uint32_t slot, uint32_t gen)
 void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
                            uid_t uid, const uint64_t held[VMMT_BROKER_MAX_RANKS]);
 void vmmt__pool_release_pending(struct vmmt_pool *p);
+/* A dead process held ranks that live ones hold too: give back the shared words it took. */
+void vmmt__pool_shared_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS],
+                                  pid_t pid, uid_t uid);
 
 /* consumer_lease_ms: release ranks no live link holds that sat on a slice too long (recycler). */
 void vmmt__pool_lease_check(struct vmmt_pool *p);

@@ -15,6 +15,7 @@
 #include "clock.h"
 #include "ctrl.h"
 #include "driver.h"
+#include "generation.h"
 #include "pool_internal.h"
 #include "status.h"
 
@@ -120,6 +121,49 @@ void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WOR
                   "consumer process pid %d (uid %u) died holding rank(s) %s, which "
                   "vmmt_pool_release_rank released since it took them: nothing left to release",
                   (int)pid, (unsigned)uid, rank_list(skipped, left, sizeof left));
+}
+
+/*
+ * A dead process held ranks that other live processes hold too, so the
+ * broker released none of them (the live ones may be reading); but the
+ * shared words its consumes took (TAKEN, docs/descriptor.md) will never be
+ * acknowledged now that it is gone, and while they stay taken every other
+ * process of the rank is refused and the slice stays in flight (an outside
+ * attacker's test_attack_outside2, dead_taker_other_holder_leaks). No word
+ * names its taker, so every TAKEN word of these ranks goes back to "not
+ * acknowledged": one that a live process took instead is then consumed by
+ * that process as usual (its acknowledgement's compare-and-swap accepts the
+ * word given back), or once more by another process of the rank; the
+ * slice is not recycled before some process acknowledged it, and a copy
+ * still queued when it is learns so from vmmt_consumer_check
+ * (vmmt__ctrl_store_ack). Device tables have no TAKEN words. Broker thread.
+ */
+void vmmt__pool_shared_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WORDS],
+                                  pid_t pid, uid_t uid)
+{
+    struct vmmt_pool *p = pool;
+    uint32_t given = 0;
+
+    if (!p->host_table) return;
+    pthread_mutex_lock(&p->lock);
+    for (uint32_t i = 0; i < p->slots; i++) {
+        const struct vmmt__slot *s = &p->slot[i];
+        if (s->state != SLOT_IN_FLIGHT) continue;
+        for (uint32_t r = 0; r < (uint32_t)p->cfg.consumer_count; r++) {
+            uint32_t *w = &p->table_host[vmmt__ctrl_ack(0, p->stride, i, r) / 4];
+            uint32_t taken = vmmt__gen_pending(s->generation);
+            if (!has_rank(ranks, r)) continue;
+            given +=
+                __atomic_compare_exchange_n(w, &taken, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (given > 0)
+        vmmt__log(VMMT_LOG_WARN,
+                  "consumer process pid %d (uid %u) died holding ranks that live processes "
+                  "also hold; %u acknowledgement word(s) taken for them given back, so that "
+                  "they may consume those slices",
+                  (int)pid, (unsigned)uid, given);
 }
 
 /*

@@ -50,20 +50,26 @@ static inline uint32_t vmmt__ctrl_load(const uint32_t *word)
 /*
  * Acknowledge generation `gen` in a shared table word, only while `ready`
  * shows gen is the slot's occupant and its bytes landed: 1 if the word holds
- * gen afterwards, 0 if the occupant is not (or no longer) gen, when nothing
- * is written. An acknowledgement thus never names a generation before the
- * producer gave it out (a forged or replayed descriptor ahead of the slot
- * cannot release the next occupant), and one that finishes late (two of one
- * slot in one sweep, in any order) never overwrites its successor's: the
- * compare-and-swap fails if the word changed after it was read, and a
- * successor's acknowledgement is written only after the ready word moved
- * on, which the re-read then sees.
+ * gen afterwards and the occupant is still gen, 0 if the occupant is not (or
+ * no longer) gen, when nothing is written. An acknowledgement thus never
+ * names a generation before the producer gave it out (a forged or replayed
+ * descriptor ahead of the slot cannot release the next occupant), and one
+ * that finishes late (two of one slot in one sweep, in any order) never
+ * overwrites its successor's: the compare-and-swap fails if the word changed
+ * after it was read, and a successor's acknowledgement is written only after
+ * the ready word moved on, which the re-read then sees. A word that holds
+ * gen already was written by the producer (a cancel or a rank's release
+ * writes it over the TAKEN word this process's consume put there; no other
+ * consumer can), so that is 1 only while the slot still shows gen: once it
+ * moved on, the copy this acknowledgement follows may have read the slice's
+ * next buffer (test_attack_outside2, cancel_under_queued_copy_check: the
+ * check said OK for another buffer's bytes).
  */
 static inline int vmmt__ctrl_store_ack(uint32_t *word, const uint32_t *ready, uint32_t gen)
 {
     for (int tries = 0; tries < 1000; tries++) {
         uint32_t cur = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-        if (cur == gen) return 1;
+        if (cur == gen) return vmmt__ctrl_load(ready) == gen;
         if (vmmt__ctrl_load(ready) != gen) return 0;
         if (__atomic_compare_exchange_n(word, &cur, gen, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             return 1;

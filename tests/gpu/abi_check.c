@@ -14,7 +14,8 @@
 
 #define SIZE(t)   printf("sizeof(%s) = %zu\n", #t, sizeof(t))
 #define OFF(t, f) printf("offsetof(%s, %s) = %zu\n", #t, #f, offsetof(t, f))
-/* Prototypes: each entry point's type must be ours, checked at compile time (no link to libcuda). */
+/* Prototypes: each entry point's type must be ours, checked at compile time (no link to libcuda).
+ */
 #define PROTO(fn, params)                                                                          \
     _Static_assert(__builtin_types_compatible_p(__typeof__(&fn), CUresult(*) params),              \
                    #fn " differs from cuda.h")

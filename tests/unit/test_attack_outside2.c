@@ -11,17 +11,20 @@
  * test_finding_ failed against the library when it was written: it is
  * skipped unless VMMT_ATTACK_FINDINGS=1, and then prints "FINDING:" with
  * what happened (VMMT_ATTACK_FINDINGS=1 build/tests/test_attack_outside2).
- * The others are regression tests for attacks that held. Findings:
- *  - cancel/release_under_queued_copy_check: a shared table's TAKEN word
- *    overwritten with d by vmmt_cancel or vmmt_pool_release_rank reads, to
- *    the late acknowledgement, as its own: vmmt_consumer_check says OK for
- *    a copy that holds the next occupant's bytes.
+ * The others are regression tests for attacks that held, or for findings
+ * fixed since (each says so). Findings:
+ *  - cancel/release_under_queued_copy_check (fixed: src/wire/ctrl.h,
+ *    vmmt__ctrl_store_ack): a shared table's TAKEN word overwritten with d
+ *    by vmmt_cancel or vmmt_pool_release_rank read, to the late
+ *    acknowledgement, as its own: vmmt_consumer_check said OK for a copy
+ *    that held the next occupant's bytes.
  *  - cancel/release_late_device_ack: on a device table the taken-back
  *    consume's unconditional stream write of d lands over the next
  *    occupant's acknowledgement: that slice never comes back.
- *  - dead_taker_other_holder_leaks: a process killed with its rank's word
- *    TAKEN while another live process holds the rank: the word stays TAKEN,
- *    the live process is refused, the slice stays in flight.
+ *  - dead_taker_other_holder_leaks (fixed: src/producer/release.c,
+ *    vmmt__pool_shared_ranks_dead): a process killed with its rank's word
+ *    TAKEN while another live process holds the rank: the word stayed
+ *    TAKEN, the live process was refused, the slice stayed in flight.
  *
  * Two consumer objects of one process share nothing but the control table
  * (each imports the pool, takes words and acknowledges on its own), so they
@@ -758,15 +761,13 @@ static void taken_back_under_copy(struct fixture *f, enum take_back how)
             how == BY_CANCEL ? "vmmt_cancel" : "vmmt_pool_release_rank", got, st, st_later);
 }
 
-static void test_finding_cancel_under_queued_copy_check(void **state)
+static void test_cancel_under_queued_copy_check(void **state)
 {
-    FINDING_TEST();
     taken_back_under_copy(*state, BY_CANCEL);
 }
 
-static void test_finding_release_under_queued_copy_check(void **state)
+static void test_release_under_queued_copy_check(void **state)
 {
-    FINDING_TEST();
     taken_back_under_copy(*state, BY_RELEASE);
 }
 
@@ -1181,7 +1182,7 @@ static void test_holds_death_spares_rank_another_process_holds(void **state)
  * docs say nothing of a TAKEN word whose taker died while another process
  * holds its rank.
  */
-static void test_finding_dead_taker_other_holder_leaks(void **state)
+static void test_dead_taker_other_holder_leaks(void **state)
 {
     struct fixture *f = *state;
     vmmt_buffer b = bytes(f->src, N);
@@ -1191,7 +1192,6 @@ static void test_finding_dead_taker_other_holder_leaks(void **state)
     int sa, sb, st_b, drained;
     pid_t a, bp;
 
-    FINDING_TEST();
     make_pool(f, 1, 0, 8, 0, 0);
     a = spawn_rank(0, 1, &sa);
     bp = spawn_rank(0, 1, &sb);
@@ -1554,8 +1554,8 @@ int main(void)
         T(test_holds_dead_producer_gated_copy_host_table),
         T(test_holds_dead_producer_gated_copy_device_table),
         T(test_holds_ack_waiting_when_producer_dies),
-        T(test_finding_cancel_under_queued_copy_check),
-        T(test_finding_release_under_queued_copy_check),
+        T(test_cancel_under_queued_copy_check),
+        T(test_release_under_queued_copy_check),
         T(test_finding_cancel_late_device_ack),
         T(test_finding_release_late_device_ack),
         T(test_holds_lease_spares_queued_copy),
@@ -1566,7 +1566,7 @@ int main(void)
         T(test_holds_consume_during_cancel),
         T(test_holds_killed_consumer_with_taken_word),
         T(test_holds_death_spares_rank_another_process_holds),
-        T(test_finding_dead_taker_other_holder_leaks),
+        T(test_dead_taker_other_holder_leaks),
         T(test_holds_restart_after_release_rank),
         T(test_holds_release_one_of_two_host_table),
         T(test_holds_release_one_of_two_device_table),
