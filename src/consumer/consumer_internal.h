@@ -134,6 +134,10 @@ int vmmt__table_open_poll(struct imported *ip);
 int vmmt__table_read_words(const struct imported *ip, CUdeviceptr word, uint32_t words,
                            const struct timespec *until, int timeout_ms);
 
+/* A device table's ready word of `slot`, within timeout_ms; takes the context and poll_lock. */
+int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, int timeout_ms,
+                           uint32_t *out);
+
 /*
  * The import of the pool `d` (decoded from `bytes`) names for `device`: the
  * cached one, or a new import; either way the record's seal is checked with

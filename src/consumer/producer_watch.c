@@ -353,13 +353,25 @@ int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
         if (d.slot < ip->geometry.table_slots && ip->slots[d.slot].generation == d.generation &&
             ip->slots[d.slot].failed)
             failed = 1;
-        /* ABANDONED in a shared table: another consumer found the producer dead before the
-         * bytes landed, whatever this process has seen of the death yet. */
-        if (ip->host_table && d.slot < ip->geometry.table_slots &&
+        /* ABANDONED in the table: another consumer found the producer dead before the
+         * bytes landed, whatever this process has seen of the death yet. A device table's
+         * word is read (the model test found check OK there, seed 3006 of 2026-12-02), only
+         * for an occupant this process consumed: the others' checks have nothing to say. */
+        if (d.slot < ip->geometry.table_slots && ip->host_table &&
             vmmt__occupant_of(
                 vmmt__ctrl_load(ip->ctrl.host + vmmt__ctrl_ready(0, d.slot_stride, d.slot) / 4),
                 d.generation) == VMMT__OCC_ABANDONED)
             failed = 1;
+        if (d.slot < ip->geometry.table_slots && !ip->host_table && !failed &&
+            ip->slots[d.slot].generation == d.generation) {
+            uint32_t ready = 0;
+            st = vmmt__table_read_ready(ip, d.slot, d.slot_stride, c->cfg.timeout_ms, &ready);
+            if (st != VMMT_OK) {
+                pthread_mutex_unlock(&c->lock);
+                return vmmt__wrap(st, "vmmt_consumer_check: reading the slot's ready word");
+            }
+            if (vmmt__occupant_of(ready, d.generation) == VMMT__OCC_ABANDONED) failed = 1;
+        }
     }
     pthread_mutex_lock(&c->failed_lock);
     for (uint32_t i = 0; i < c->failed_count && !failed; i++)

@@ -3,8 +3,9 @@
  * pools made with device_control_table=1): through a stream and pinned words
  * of the import's own, never the legacy stream, which would queue behind the
  * application's work, and polled within a deadline, so that a stalled device
- * fails the call instead of hanging it. Used for a slot's row (consume.c)
- * and for the pool record at import (import_cache.c).
+ * fails the call instead of hanging it. Used for a slot's row (consume.c),
+ * for the pool record at import (import_cache.c) and for a slot's ready word
+ * in vmmt_consumer_check (producer_watch.c).
  */
 #include <time.h>
 
@@ -54,4 +55,24 @@ int vmmt__table_read_words(const struct imported *ip, CUdeviceptr word, uint32_t
         nanosleep(&pause, NULL);
     }
     return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "reading the control table");
+}
+
+int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, int timeout_ms,
+                           uint32_t *out)
+{
+    struct timespec until;
+    int st;
+
+    vmmt__deadline(&until, (int64_t)timeout_ms * 1000);
+    st = vmmt__ctx_enter(ip->device);
+    if (st != VMMT_OK) return st;
+    pthread_mutex_lock(&ip->poll_lock);
+    st = vmmt__table_open_poll(ip);
+    if (st == VMMT_OK)
+        st = vmmt__table_read_words(ip, ip->table + vmmt__ctrl_ready(0, stride, slot), 1, &until,
+                                    timeout_ms);
+    if (st == VMMT_OK) *out = ip->poll_word[0];
+    pthread_mutex_unlock(&ip->poll_lock);
+    vmmt__ctx_leave();
+    return st;
 }

@@ -361,9 +361,8 @@ static void test_failed_wait_gives_word_back(void **state)
  * an older buffer's bytes). The word is set by the test here, as the other
  * consumer would set it.
  */
-static void test_check_after_another_consumers_repair(void **state)
+static void check_after_another_consumers_repair(struct fixture *f, int device_table)
 {
-    struct fixture *f = *state;
     const struct vmmt_drv *drv = vmmt__drv();
     vmmt_buffer b = bytes(f->src, N);
     struct gate g;
@@ -373,7 +372,7 @@ static void test_check_after_another_consumers_repair(void **state)
     int st;
 
     if (!on_emu() || pool_kind_host()) skip();
-    make_pool(f, 1, 0, VMMT_HANDOFF_STREAM);
+    make_pool(f, 1, device_table, VMMT_HANDOFF_STREAM);
     assert_int_equal(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     put(f, f->src, N, 10);
     gate_close(&g, f->stream);
@@ -381,8 +380,20 @@ static void test_check_after_another_consumers_repair(void **state)
     /* The consumer's copy waits on the word, on a stream of its own. */
     assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
     vmmt__desc_own_slot(d.bytes, &slot, &gen);
-    ready = f->pool->table_host + vmmt__ctrl_ready(0, f->pool->stride, slot) / 4;
-    __atomic_store_n(ready, vmmt__gen_abandoned(gen), __ATOMIC_RELEASE);
+    if (device_table) {
+        /* Another consumer's repair of a device table: a stream write, from its process. */
+        CUstream s3;
+        assert_int_equal(drv->cuStreamCreate(&s3, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        assert_int_equal(drv->cuStreamWriteValue32(
+                             s3, f->pool->ctrl_dev + vmmt__ctrl_ready(0, f->pool->stride, slot),
+                             vmmt__gen_abandoned(gen), CU_STREAM_WRITE_VALUE_DEFAULT),
+                         CUDA_SUCCESS);
+        assert_int_equal(drv->cuStreamSynchronize(s3), CUDA_SUCCESS);
+        assert_int_equal(drv->cuStreamDestroy(s3), CUDA_SUCCESS);
+    } else {
+        ready = f->pool->table_host + vmmt__ctrl_ready(0, f->pool->stride, slot) / 4;
+        __atomic_store_n(ready, vmmt__gen_abandoned(gen), __ATOMIC_RELEASE);
+    }
     assert_int_equal(drv->cuStreamSynchronize(s2), CUDA_SUCCESS); /* released by ABANDONED */
     st = vmmt_consumer_check(f->consumer, &d);
     /* The live producer's gated copy then lands; the slot goes back as usual. */
@@ -391,6 +402,21 @@ static void test_check_after_another_consumers_repair(void **state)
     sync_stream(f);
     assert_int_equal(drv->cuStreamDestroy(s2), CUDA_SUCCESS);
     assert_int_equal(st, VMMT_EFAILED);
+}
+
+static void test_check_after_another_consumers_repair(void **state)
+{
+    check_after_another_consumers_repair(*state, 0);
+}
+
+/*
+ * The same on a device table: the model test found check OK there (seed 3006
+ * of the hour's run of 2026-12-02, kind device_table), the process not having
+ * looked at its producer's liveness since another consumer's repair.
+ */
+static void test_check_after_another_consumers_repair_device_table(void **state)
+{
+    check_after_another_consumers_repair(*state, 1);
 }
 
 int main(void)
@@ -412,6 +438,7 @@ int main(void)
         T(test_second_process_of_rank_refused_while_copy_queued),
         T(test_failed_wait_gives_word_back),
         T(test_check_after_another_consumers_repair),
+        T(test_check_after_another_consumers_repair_device_table),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
