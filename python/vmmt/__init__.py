@@ -349,9 +349,9 @@ class Descriptor(bytes):
     """A published buffer's 512-byte descriptor: bytes on the wire, picklable.
 
     ``Descriptor(b)`` and ``Descriptor.from_bytes(b)`` validate every field;
-    the attributes decode it (vmmt_desc_inspect).
+    the attributes decode it (vmmt_desc_inspect), once: the fields are kept
+    in the instance's dict (not pickled: a pickle carries the bytes alone).
     """
-    __slots__ = ()
 
     def __new__(cls, data):
         if type(data) is not bytes:
@@ -371,7 +371,13 @@ class Descriptor(bytes):
         return (Descriptor, (bytes(self),))
 
     def _field(self, i):
-        return _vmmt.desc_inspect(bytes(self))[i]
+        # Decoded once: an engine reads several fields of every descriptor it
+        # hands on (slot and generation to track it, shape and dtype to
+        # rebuild it), and each decode costs about a microsecond and a half.
+        fields = self.__dict__.get("_fields")
+        if fields is None:
+            fields = self.__dict__["_fields"] = _vmmt.desc_inspect(bytes(self))
+        return fields[i]
 
     pool_id = property(lambda self: self._field(0), doc="16-byte id of the pool")
     handle_type = property(lambda self: self._field(1), doc="'posix_fd' or 'fabric'")
