@@ -19,7 +19,6 @@ import numpy
 import vmmt
 
 from . import _sglang_arrays as arrays
-from . import _sglang_compat as compat
 from ._sglang_probe import HandleType, probe_device
 from ._sglang_proxy import (CudaVmmPackedTensorTransportProxy, CudaVmmTensorTransportProxy,
                             _CudaVmmPackedTransportOwner)
@@ -329,9 +328,14 @@ class CudaVmmMemoryPool:
             stream = self._publish_stream.handle
             self._publish_stream.wait_current()  # device members were made on the current stream
         try:
-            descs = compat.publish(self._pool, tensors, stream)
+            if len(tensors) == 1:
+                descs = [self._pool.publish(tensors[0], stream=stream)]
+            else:
+                descs = self._pool.publish_many(tensors, stream=stream)
+        except vmmt.NoRoom:
+            descs = None  # full now, or never fits: sglang's caller sends the tensor itself
         except vmmt.Error as e:
-            if compat.is_quarantined(e):
+            if e.status == vmmt.EFAILED:  # an uncertain failure quarantined the pool
                 self._pool_error = e
             raise
         if descs is not None and not on_device:

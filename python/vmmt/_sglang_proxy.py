@@ -20,7 +20,6 @@ from functools import reduce
 import vmmt
 
 from . import _sglang_arrays as arrays
-from . import _sglang_compat as compat
 from ._sglang_ranks import spans as rank_spans
 
 
@@ -52,6 +51,12 @@ _Base = _proxy_base()
 # happen together, as in sglang (whose consumers also share one lock).
 _lock = threading.RLock()
 _consumer_obj = None
+
+
+def _span(run):
+    """The ranks of one (first, count) run, as the binding takes them."""
+    first, count = run
+    return range(first, first + count)
 
 
 def _consumer():
@@ -93,7 +98,7 @@ def _release(desc, device, runs, error):
     released = True
     for first, count in runs:
         try:
-            _consumer().ack(desc, device=device, ranks=compat.ranks(first, count))
+            _consumer().ack(desc, device=device, ranks=range(first, first + count))
         except vmmt.Error as ack_error:
             if getattr(ack_error, "status", None) == -14:  # VMMT_ESTATE: nothing to release
                 continue
@@ -108,7 +113,7 @@ def _release(desc, device, runs, error):
 def _ack(desc, runs, device=None):
     consumer = _consumer()
     for first, count in runs:
-        consumer.ack(desc, device=device, ranks=compat.ranks(first, count))
+        consumer.ack(desc, device=device, ranks=range(first, first + count))
 
 
 class CudaVmmTensorTransportProxy(_Base):
@@ -202,7 +207,7 @@ class CudaVmmTensorTransportProxy(_Base):
                 self._consumer_acknowledged = _release(desc, device, runs, error)
                 raise error
             try:
-                buf = _consumer().consume(desc, device=device, ranks=compat.ranks(*runs[0]))
+                buf = _consumer().consume(desc, device=device, ranks=_span(runs[0]))
             except Exception as error:
                 self._consumer_acknowledged = _release(desc, device, runs, error)
                 raise
@@ -323,7 +328,7 @@ class _CudaVmmPackedTransportOwner:
             try:
                 for d, off in zip(self.descriptors, self.offsets):
                     consumer.consume(d, device=device, out=flat[off:off + d.nbytes],
-                                     ranks=compat.ranks(*runs[0]))
+                                     ranks=_span(runs[0]))
                     done += 1
             except Exception as error:
                 # The group is acknowledged once every member is consumed or
