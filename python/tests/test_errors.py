@@ -52,7 +52,7 @@ def test_every_publishing_call_says_no_room_alike(no_leaks):
             assert e.value.status == vmmt.ETOOBIG, name
         held = pool.publish(np.zeros(room // 2 + 1, np.uint8))
         for name, call in publishers(pool, room // 2 + 1).items():
-            with pytest.raises(vmmt.PoolFull, match="pool is full") as e:
+            with pytest.raises(vmmt.PoolFull, match="pool [0-9a-f]* is full") as e:
                 call()
             assert e.value.status == vmmt.EFULL, name
         c.ack(held, ranks=0)

@@ -9,6 +9,7 @@
 
 #include "abi.h"
 #include "ctrl.h"
+#include "broker_wire.h"
 #include "driver.h"
 #include "elastic.h"
 #include "pool_internal.h"
@@ -98,17 +99,19 @@ static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
 static int fail_full(struct vmmt_pool *p, uint64_t bytes)
 {
     struct vmmt__slab_stats s;
+    char id[9];
     int warn;
 
     vmmt__slab_stats(p->slab, &s);
     p->full++;
     warn = !p->warned_full;
     p->warned_full = 1;
+    /* The pool named: a process with several pools (one per device) must tell which. */
     vmmt__fail(VMMT_EFULL,
-               "pool is full: %" PRIu64 " bytes asked, largest free slice %" PRIu64
+               "pool %s is full: %" PRIu64 " bytes asked, largest free slice %" PRIu64
                " bytes, %u of %u slots in flight; fall back to another path or retry once "
                "consumers acknowledge",
-               bytes, s.largest_free, p->in_flight, p->slots);
+               vmmt__short_id(p->tmpl.pool_id, id), bytes, s.largest_free, p->in_flight, p->slots);
     if (warn)
         vmmt__log(VMMT_LOG_WARN, "%s (warned once; vmmt_pool_get_stats counts them)",
                   vmmt_last_error());
