@@ -14,8 +14,7 @@ struct pending {
     struct pending *next;
     CUevent ev; /* owned for the life of the entry; reused */
     int device;
-    uint32_t *words, count, gen;
-    const uint32_t *ready; /* the slot's ready word: acknowledge only while it shows gen */
+    int (*write)(void *); /* the acknowledgement; NULL: only the copy's end is waited for */
     void (*done)(void *, int);
     void *arg;
 };
@@ -45,18 +44,10 @@ int vmmt__acker_create(struct vmmt__acker **out)
     return VMMT_OK;
 }
 
+/* The copy has completed: acknowledge, then tell the caller whether it was. */
 static void write_words(struct pending *p)
 {
-    int acked = 1;
-
-    for (uint32_t i = 0; i < p->count && acked; i++)
-        if (!vmmt__ctrl_store_ack(&p->words[i], p->ready, p->gen)) {
-            /* The occupant left while the copy ran (cancelled, or its rank released):
-             * no acknowledgement is owed, and the copy may have read a reused slice. */
-            vmmt__log(VMMT_LOG_DEBUG,
-                      "acknowledgement of generation %u not written: the slot moved on", p->gen);
-            acked = 0;
-        }
+    int acked = p->write != NULL ? p->write(p->arg) : 1;
     p->done(p->arg, acked);
 }
 
@@ -170,8 +161,7 @@ static int start_thread(struct vmmt__acker *a)
     return VMMT_OK;
 }
 
-int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32_t *words,
-                      uint32_t count, const uint32_t *ready, uint32_t gen,
+int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, int (*write)(void *),
                       void (*done)(void *, int), void *arg)
 {
     struct pending *p;
@@ -183,18 +173,14 @@ int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32
     pthread_mutex_unlock(&a->lock);
     if (st != VMMT_OK) {
         /* No event to wait with: wait for the stream instead, then acknowledge. */
-        struct pending now = {
-            .words = words, .count = count, .gen = gen, .ready = ready, .done = done, .arg = arg};
+        struct pending now = {.write = write, .done = done, .arg = arg};
         vmmt__log(VMMT_LOG_WARN, "%s; acknowledging after a stream synchronize", vmmt_last_error());
         r = vmmt__drv()->cuStreamSynchronize(stream);
         write_words(&now);
         return r == CUDA_SUCCESS ? VMMT_OK
                                  : vmmt__cu_fail(r, "cuStreamSynchronize before acknowledging");
     }
-    p->words = words;
-    p->count = count;
-    p->gen = gen;
-    p->ready = ready;
+    p->write = write;
     p->done = done;
     p->arg = arg;
     r = vmmt__drv()->cuEventRecord(p->ev, stream);

@@ -1,11 +1,13 @@
 /*
- * Acknowledgements written by the CPU. For a pool whose control table is
- * shared host memory, a consumer records an event after its copy and this
- * writes the acknowledgement words with plain stores once the event has
- * completed: the consumer's stream carries one copy and one event record
- * (measured nearly free) instead of a stream memory write (about a third of
- * a 4 KiB copy on the H200), and the consumer needs no registration of the
- * table with the driver.
+ * Acknowledgements written once the copy has completed, by a thread of the
+ * consumer's. A consumer records an event after its copy, and this calls the
+ * acknowledgement's writer once the event has completed: the consumer's
+ * stream carries one copy and one event record (measured nearly free)
+ * instead of a stream memory write (about a third of a 4 KiB copy on the
+ * H200), and the writer can look at the slot first. A shared host table is
+ * written with compare-and-swaps, without any driver call; a device table
+ * with stream writes on a stream of the import's, after a read of its ready
+ * word (consume.c, device_table.c).
  */
 #ifndef VMMT_ACKER_H
 #define VMMT_ACKER_H
@@ -22,17 +24,16 @@ int vmmt__acker_create(struct vmmt__acker **out);
 void vmmt__acker_destroy(struct vmmt__acker *a);
 
 /*
- * After the work already on `stream`, acknowledge `gen` in words[0..count)
- * (vmmt__ctrl_store_ack: only while `ready` shows gen) and call
- * done(arg, acked): acked is 0 when the slot no longer showed gen, so that
- * nothing (or not every word) was written.
- * Done at once when the stream is idle, else by the acker's thread. The
- * caller's context for `device` must be current. Every path writes (or finds
- * the slot moved on) before or after returning: a failure returned here is
- * about the copy or the event, never an acknowledgement left unwritten.
+ * After the work already on `stream`, call write(arg) (NULL: nothing to
+ * write, only the copy's end to wait for), then done(arg, acked): acked is
+ * write's answer, 0 when the slot no longer showed the occupant, so that
+ * nothing (or not every word) was written. Done at once when the stream is
+ * idle, else by the acker's thread. The caller's context for `device` must
+ * be current. Every path writes (or finds the slot moved on) before or after
+ * returning: a failure returned here is about the copy or the event, never
+ * an acknowledgement left unwritten.
  */
-int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, uint32_t *words,
-                      uint32_t count, const uint32_t *ready, uint32_t gen,
+int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, int (*write)(void *),
                       void (*done)(void *, int), void *arg);
 
 /* Write now, in the caller's thread, every acknowledgement whose event has completed. */

@@ -27,8 +27,6 @@ struct request {
     uint32_t first, count; /* ranks */
     int ack_now;           /* this call completes the slot for these ranks */
     int gone;              /* check_occupant found the occupant gone from its slot */
-    uint32_t queued;       /* ranks from `first` whose acknowledgement write_acks queued */
-    uint64_t skip[VMMT__MAX_CONSUMERS / 64]; /* the slot's ranks_queued, as claim found it */
     uint64_t took[VMMT__MAX_CONSUMERS / 64]; /* ranks whose shared word this call took */
 };
 
@@ -190,7 +188,6 @@ static int claim(struct request *rq)
                           "%" PRIu64 ": the descriptor was altered; nothing was acknowledged",
                           rq->d.slot, rq->d.generation, rq->d.pack_count, rq->d.slice_offset,
                           s->pack_count, s->slice_offset);
-    memcpy(rq->skip, s->ranks_queued, sizeof rq->skip);
     if (rq->d.pack_count <= 1) {
         if (ranks_overlap(s, rq->first, rq->count)) return fail_twice(rq);
         mark_acked(s, rq->first, rq->count);
@@ -243,8 +240,6 @@ static void unclaim(vmmt_consumer *c, const struct request *rq)
         give_back_word(rq, r);
         s->ranks_taken[r / 64] &= ~(1ull << (r % 64));
     }
-    for (uint32_t r = rq->first; r < rq->first + rq->queued; r++)
-        s->ranks_queued[r / 64] |= 1ull << (r % 64);
     if (rq->ack_now)
         for (uint32_t r = rq->first; r < rq->first + rq->count; r++)
             s->ranks_acked[r / 64] &= ~(1ull << (r % 64));
@@ -505,14 +500,6 @@ static int read_ready(struct imported *ip, const struct request *rq, CUdeviceptr
     return st;
 }
 
-/* Whether this process queued rank r's acknowledgement of the occupant in a call that failed. */
-static int queued_here(const struct request *rq, uint32_t r)
-{
-    const struct slot_state *s = &rq->pool->slots[rq->d.slot];
-
-    return s->generation == rq->d.generation && (s->ranks_queued[r / 64] & (1ull << (r % 64)));
-}
-
 /*
  * The descriptor's ready word and the first of its ranks whose
  * acknowledgement word holds the generation (UINT32_MAX if none): loads from
@@ -535,7 +522,7 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
         for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++) {
             uint32_t v = vmmt__ctrl_load(&w[1 + r]);
             /* Acknowledged, or taken by another process's consume (take_words). */
-            if ((v == rq->d.generation && !queued_here(rq, r)) ||
+            if (v == rq->d.generation ||
                 (v == vmmt__gen_pending(rq->d.generation) && !taken_here(rq, r)))
                 *acked = r;
         }
@@ -548,7 +535,7 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
     if (st == VMMT_OK) {
         *ready = ip->poll_word[0];
         for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++)
-            if (ip->poll_word[1 + r] == rq->d.generation && !queued_here(rq, r)) *acked = r;
+            if (ip->poll_word[1 + r] == rq->d.generation) *acked = r;
     }
     pthread_mutex_unlock(&ip->poll_lock);
     return st;
@@ -658,17 +645,67 @@ static void deferred_ack_done(void *arg, int acked)
 }
 
 /*
- * The same for a shared table's acknowledgement. Not written (acked 0): the
- * occupant left while the copy ran, so the slice may have been reused under
- * it; vmmt_consumer_check says so (docs/design.md, "Invariants", the case
- * not covered).
+ * An acknowledgement the acker writes once the copy has completed. Not
+ * written (acked 0): the occupant left while the copy ran, so the slice may
+ * have been reused under it; vmmt_consumer_check says so (docs/design.md,
+ * "Invariants", the case not covered).
  */
 struct ack_note {
     struct imported *pool;
-    uint32_t slot, gen;
+    uint32_t slot, gen, stride, first, count;
+    int timeout_ms;
 };
 
-static void shared_ack_done(void *arg, int acked)
+/* A shared table: compare-and-swaps, each only while the ready word shows gen. */
+static int write_shared(void *arg)
+{
+    const struct ack_note *n = arg;
+    uint32_t *first = n->pool->ctrl.host + vmmt__ctrl_ack(0, n->stride, n->slot, n->first) / 4;
+    const uint32_t *ready = n->pool->ctrl.host + vmmt__ctrl_ready(0, n->stride, n->slot) / 4;
+
+    for (uint32_t r = 0; r < n->count; r++)
+        if (!vmmt__ctrl_store_ack(&first[r], ready, n->gen)) {
+            vmmt__log(VMMT_LOG_DEBUG,
+                      "acknowledgement of generation %u not written: the slot moved on", n->gen);
+            return 0;
+        }
+    return 1;
+}
+
+/* Tries of a device table's acknowledgement before its slice is left to a rank's release. */
+#define DEVICE_ACK_TRIES 3
+
+/*
+ * A device table: stream writes, after a read of the ready word
+ * (device_table.c). From the acker's thread, after vmmt_consume returned:
+ * a failure cannot be reported to its caller, so it is tried again (a
+ * driver call that failed once, as the fault sweep injects); one that
+ * persists means the device is failing, and the slice waits for
+ * vmmt_pool_release_rank (logged; vmmt_consumer_check says VMMT_EFAILED).
+ */
+static int write_device(void *arg)
+{
+    const struct ack_note *n = arg;
+    struct vmmt__saved_error e;
+    int written = 0, st = VMMT_OK;
+
+    vmmt__error_save(&e);
+    for (int tries = 0; tries < DEVICE_ACK_TRIES && (tries == 0 || st != VMMT_OK); tries++)
+        st = vmmt__table_write_acks(n->pool, n->slot, n->stride, n->first, n->count, n->gen,
+                                    n->timeout_ms, &written);
+    if (st != VMMT_OK)
+        vmmt__log(VMMT_LOG_ERROR,
+                  "acknowledgement of slot %u generation %u could not be written (%s): its "
+                  "slice waits for vmmt_pool_release_rank",
+                  n->slot, n->gen, vmmt_last_error());
+    else if (!written)
+        vmmt__log(VMMT_LOG_DEBUG,
+                  "acknowledgement of generation %u not written: the slot moved on", n->gen);
+    vmmt__error_restore(&e);
+    return written;
+}
+
+static void ack_done(void *arg, int acked)
 {
     struct ack_note *n = arg;
     struct imported *ip = n->pool;
@@ -687,71 +724,50 @@ static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
 {
     /* The call still counts as a user, so the pool cannot go before this. */
     __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
-    return vmmt__acker_defer(c->acker, rq->pool->device, s, NULL, 0, NULL, 0, deferred_ack_done,
-                             rq->pool);
+    return vmmt__acker_defer(c->acker, rq->pool->device, s, NULL, deferred_ack_done, rq->pool);
 }
 
 /*
- * The acknowledgements, after the copy on the same stream. A shared host
- * table gets them from the CPU once an event after the copy completes (the
- * pool stays in use until then); a device table gets stream memory writes.
- * (Those keep the memory barrier: the H200's driver refuses
- * CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER with CUDA_ERROR_INVALID_VALUE,
- * tests/gpu/RESULTS.md, 2026-11-29.)
+ * The acknowledgements. After a copy (or with members' copies before it on
+ * the stream), written by the acker once an event after them completes (the
+ * pool stays in use until then): a shared table's with compare-and-swaps, a
+ * device table's with stream writes of the import's after a read of the
+ * ready word (the stream writes keep the memory barrier: the H200's driver
+ * refuses CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER with
+ * CUDA_ERROR_INVALID_VALUE, tests/gpu/RESULTS.md, 2026-11-29). A dropped
+ * descriptor whose ready word showed it landed has nothing to wait for: it
+ * is written here. *written: the claim stands (defect 1 of issue 16 was
+ * leaving it unset, so each device-table consume was undone and accepted
+ * again); 0 only when nothing was queued, so the descriptor may be consumed
+ * again.
  */
 static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int after_copy,
                       int *written)
 {
-    const struct vmmt_drv *d = vmmt__drv();
-    CUdeviceptr table = rq->pool->table;
+    struct ack_note now = {rq->pool,  rq->d.slot, rq->d.generation,   rq->d.slot_stride,
+                           rq->first, rq->count,  c->cfg.timeout_ms},
+                    *note;
     int st;
 
     *written = 0;
-    if (rq->pool->host_table) {
-        uint32_t *first =
-            rq->pool->ctrl.host + vmmt__ctrl_ack(0, rq->d.slot_stride, rq->d.slot, rq->first) / 4;
-        const uint32_t *ready =
-            rq->pool->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4;
-        /* A CPU store cannot fail; the acker writes on every path. */
-        *written = 1;
-        if (!after_copy) {
-            /* A dropped descriptor whose ready word a load showed: nothing to wait for. */
-            for (uint32_t r = 0; r < rq->count; r++)
-                if (!vmmt__ctrl_store_ack(&first[r], ready, rq->d.generation)) break;
+    if (!after_copy) {
+        if (rq->pool->host_table) {
+            (void)write_shared(&now); /* a CPU store cannot fail */
+            *written = 1;
             return VMMT_OK;
         }
-        struct ack_note *note = malloc(sizeof *note);
-        if (note == NULL) {
-            *written = 0; /* nothing queued: the descriptor may be consumed again */
-            return vmmt__fail(VMMT_ENOMEM, "no host memory to track an acknowledgement");
-        }
-        *note = (struct ack_note){rq->pool, rq->d.slot, rq->d.generation};
-        __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
-        st = vmmt__acker_defer(c->acker, rq->pool->device, s, first, rq->count, ready,
-                               rq->d.generation, shared_ack_done, note);
-        return st;
+        return vmmt__table_write_acks(rq->pool, now.slot, now.stride, now.first, now.count,
+                                      now.gen, now.timeout_ms, written);
     }
-    for (uint32_t r = rq->first; r < rq->first + rq->count; r++, rq->queued++) {
-        CUresult res;
-        if (rq->skip[r / 64] & (1ull << (r % 64))) continue; /* queued by an earlier try */
-        res = d->cuStreamWriteValue32(s, vmmt__ctrl_ack(table, rq->d.slot_stride, rq->d.slot, r),
-                                      rq->d.generation, CU_STREAM_WRITE_VALUE_DEFAULT);
-        if (res != CUDA_SUCCESS) {
-            st = vmmt__cu_fail(res, "cuStreamWriteValue32(acknowledgement of rank %u)", r);
-            /* Whatever is queued still reads the pool. */
-            if (after_copy) {
-                struct vmmt__saved_error e;
-                vmmt__error_save(&e);
-                track_copy(c, rq, s);
-                vmmt__error_restore(&e);
-            }
-            return st;
-        }
-    }
-    /* Every word is queued: the claim stands (defect 1 of issue 16 was leaving
-     * this unset, so each device-table consume was undone and accepted again). */
+    note = malloc(sizeof *note);
+    if (note == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory to track an acknowledgement");
+    *note = now;
+    __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
+    /* Every path writes (or finds the slot moved on), before or after returning. */
     *written = 1;
-    return after_copy ? track_copy(c, rq, s) : VMMT_OK;
+    st = vmmt__acker_defer(c->acker, rq->pool->device, s,
+                           rq->pool->host_table ? write_shared : write_device, ack_done, note);
+    return st;
 }
 
 int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t dst,

@@ -42,10 +42,6 @@ struct slot_state {
      * this process copied out of the slot is not the producer's buffer. */
     int failed;
     uint64_t ranks_acked[VMMT__MAX_CONSUMERS / 64];
-    /* Ranks whose acknowledgement of this occupant a failed call of this
-     * process queued before its next write failed (a device table): they
-     * land, so a retry skips them, and finding them set is no double consume. */
-    uint64_t ranks_queued[VMMT__MAX_CONSUMERS / 64];
     /* Ranks whose word of a shared table this process moved to TAKEN (consume.c,
      * take_words) for this occupant: its own, not another process's consume. */
     uint64_t ranks_taken[VMMT__MAX_CONSUMERS / 64];
@@ -124,7 +120,7 @@ struct vmmt_consumer {
 /* A device table's row as a consume reads it: the ready word, then one word per rank. */
 #define VMMT__POLL_WORDS (1 + VMMT__MAX_CONSUMERS)
 
-/* The import's polling stream and pinned words, made if missing; poll_lock held (table_read.c). */
+/* The import's polling stream and pinned words, made if missing; poll_lock held (device_table.c). */
 int vmmt__table_open_poll(struct imported *ip);
 
 /*
@@ -133,6 +129,15 @@ int vmmt__table_open_poll(struct imported *ip);
  */
 int vmmt__table_read_words(const struct imported *ip, CUdeviceptr word, uint32_t words,
                            const struct timespec *until, int timeout_ms);
+
+/*
+ * Acknowledge `gen` for ranks [first, first + count) of `slot` in a device
+ * table, only while its ready word shows gen (read first); *written 1 once
+ * they have landed, 0 when the slot had moved on (nothing written) or on a
+ * failure, which is returned. Takes the context and poll_lock.
+ */
+int vmmt__table_write_acks(struct imported *ip, uint32_t slot, uint32_t stride, uint32_t first,
+                           uint32_t count, uint32_t gen, int timeout_ms, int *written);
 
 /* A device table's ready word of `slot`, within timeout_ms; takes the context and poll_lock. */
 int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, int timeout_ms,

@@ -316,6 +316,15 @@ static void test_failed_wait_acknowledges_nothing(void **state)
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
+/*
+ * A device table's acknowledgement after a copy is written by the acker's
+ * thread once the copy is done (after a read of the ready word): a failed
+ * write there cannot reach vmmt_consume's caller, so it is tried again and
+ * the slice comes back; one that keeps failing leaves the slice to
+ * vmmt_pool_release_rank and vmmt_consumer_check says VMMT_EFAILED. (Only a
+ * dropped descriptor of a synchronous hand-off is written in the call, its
+ * failure returned; the random sequences below cover it.)
+ */
 static void test_failed_ack_write_retry(void **state)
 {
     struct fixture *f = *state;
@@ -329,42 +338,53 @@ static void test_failed_ack_write_retry(void **state)
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     put(f, f->src, 4096, 3);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    /* The second rank's write fails: the first one's was enqueued. */
+    /* The second rank's write fails once: tried again, the slice comes back. */
     emu_fail("cuStreamWriteValue32:2:CUDA_ERROR_INVALID_VALUE");
-    assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
-                     VMMT_ECUDA);
-    emu_reset();
-    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
-    assert_int_equal(in_flight_now(f), 1);
     assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt_consumer_check(f->consumer, &d));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    emu_reset();
     expect(f, f->dst, 4096, 3);
+    assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+
+    /* Every write fails: the check says so, and the rank's release gives the slice back. */
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    emu_fail("cuStreamWriteValue32:*:CUDA_ERROR_INVALID_VALUE");
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    assert_int_equal(vmmt_consumer_check(f->consumer, &d), VMMT_EFAILED);
+    emu_reset();
+    assert_int_equal(in_flight_now(f), 1);
+    assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 0));
+    assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 1));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 
-    /* A dropped descriptor, and the member completing a packed group, alike. */
+    /* A dropped descriptor: its acknowledgement follows the stream's wait for the ready
+     * word, so the acker writes it too, and tries again. */
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
     emu_fail("cuStreamWriteValue32:1:CUDA_ERROR_INVALID_VALUE");
-    assert_int_equal(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, 0, 1), VMMT_ECUDA);
-    emu_reset();
     assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, 0, 1));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    emu_reset();
+    assert_int_equal(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, 0, 1), VMMT_ESTATE);
     assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &d, 0, f->stream, 1, 1));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+
+    /* The member completing a packed group: written after the copies, tried again. */
     assert_vmmt_ok(vmmt_publish_packed(f->pool, pk, 2, f->stream, p));
     assert_vmmt_ok(
         vmmt_consume(f->consumer, &p[0], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
     emu_fail("cuStreamWriteValue32:1:CUDA_ERROR_INVALID_VALUE");
-    assert_int_equal(
-        vmmt_consume(f->consumer, &p[1], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
-        VMMT_ECUDA);
-    emu_reset();
+    assert_vmmt_ok(
+        vmmt_consume(f->consumer, &p[1], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
-    assert_int_equal(in_flight_now(f), 1);
-    /* Member 0 stays consumed; member 1 can be retried and completes the group. */
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    emu_reset();
     assert_int_equal(
         vmmt_consume(f->consumer, &p[0], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
         VMMT_ESTATE);
-    assert_vmmt_ok(
-        vmmt_consume(f->consumer, &p[1], 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
-    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
 /* ------------------------------------------------------------------ wrap */
@@ -598,10 +618,11 @@ static void op_consume(struct model *m, int drop)
     else
         st = vmmt_consume(f->consumer, &x->d, 0, f->dst, f->cap, f->stream, first, count);
     if (inject) emu_reset();
-    if (inject) {
-        assert_int_equal(st, VMMT_ECUDA);
+    /* A write in the call fails it (nothing recorded: the model retries later); one by the
+     * acker's thread, after the copy, is tried again there, and the call was OK. */
+    if (inject && st == VMMT_ECUDA) {
         m->ops[1]++;
-        return; /* nothing recorded: the model retries later */
+        return;
     }
     if (st != VMMT_OK) fail_msg("%s -> %d: %s", drop ? "ack" : "consume", st, vmmt_last_error());
     if (!drop && rnd() % 4 == 0) expect(f, f->dst, x->n, x->pattern);
