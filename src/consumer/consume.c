@@ -134,7 +134,12 @@ static void forget(struct request *rq)
 
     if (s->generation != rq->d.generation) return;
     for (int i = 0; i < PACK_GROUPS; i++)
-        if (s->groups[i].members != 0) rq->pool->open_groups--;
+        if (s->groups[i].members != 0) {
+            rq->pool->open_groups--;
+            /* Its members' copies may have read the slice's next buffer: check says so. */
+            vmmt__consumer_remember_failed(rq->pool->owner, rq->pool, rq->d.slot, rq->d.generation,
+                                           1);
+        }
     memset(s, 0, sizeof *s);
 }
 
@@ -156,6 +161,8 @@ static void forget_groups_with(struct request *rq, uint32_t r)
         if (g->members == 0 || r < g->first || r >= g->first + g->count) continue;
         memset(g, 0, sizeof *g);
         rq->pool->open_groups--;
+        /* The slot may be recycled now, under copies of members consumed here. */
+        vmmt__consumer_remember_failed(rq->pool->owner, rq->pool, rq->d.slot, rq->d.generation, 1);
     }
 }
 
@@ -173,9 +180,16 @@ static int claim(struct request *rq)
 
     /* check_occupant vouched for the generation: a different one is a new occupant. */
     if (s->generation != rq->d.generation) {
-        /* A new occupant: groups of the old one will never complete here. */
+        /* A new occupant: groups of the old one will never complete here, and the slot
+         * moved on under their members' copies, which may have read the new occupant's
+         * bytes (vmmt_consumer_check says so: an outside attacker's
+         * test_attack_outside3, packed_*_under_queued_copy_check). */
         for (int i = 0; i < PACK_GROUPS; i++)
-            if (s->groups[i].members != 0) rq->pool->open_groups--;
+            if (s->groups[i].members != 0) {
+                rq->pool->open_groups--;
+                vmmt__consumer_remember_failed(rq->pool->owner, rq->pool, rq->d.slot, s->generation,
+                                               1);
+            }
         memset(s, 0, sizeof *s);
         s->generation = rq->d.generation;
         s->slice_offset = rq->d.slice_offset;
@@ -699,8 +713,8 @@ static int write_device(void *arg)
                   "slice waits for vmmt_pool_release_rank",
                   n->slot, n->gen, vmmt_last_error());
     else if (!written)
-        vmmt__log(VMMT_LOG_DEBUG,
-                  "acknowledgement of generation %u not written: the slot moved on", n->gen);
+        vmmt__log(VMMT_LOG_DEBUG, "acknowledgement of generation %u not written: the slot moved on",
+                  n->gen);
     vmmt__error_restore(&e);
     return written;
 }
@@ -744,7 +758,7 @@ static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
 static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int after_copy,
                       int *written)
 {
-    struct ack_note now = {rq->pool,  rq->d.slot, rq->d.generation,   rq->d.slot_stride,
+    struct ack_note now = {rq->pool,  rq->d.slot, rq->d.generation, rq->d.slot_stride,
                            rq->first, rq->count,  c->cfg.timeout_ms},
                     *note;
     int st;
@@ -756,8 +770,8 @@ static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int afte
             *written = 1;
             return VMMT_OK;
         }
-        return vmmt__table_write_acks(rq->pool, now.slot, now.stride, now.first, now.count,
-                                      now.gen, now.timeout_ms, written);
+        return vmmt__table_write_acks(rq->pool, now.slot, now.stride, now.first, now.count, now.gen,
+                                      now.timeout_ms, written);
     }
     note = malloc(sizeof *note);
     if (note == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory to track an acknowledgement");

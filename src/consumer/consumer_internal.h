@@ -120,7 +120,8 @@ struct vmmt_consumer {
 /* A device table's row as a consume reads it: the ready word, then one word per rank. */
 #define VMMT__POLL_WORDS (1 + VMMT__MAX_CONSUMERS)
 
-/* The import's polling stream and pinned words, made if missing; poll_lock held (device_table.c). */
+/* The import's polling stream and pinned words, made if missing; poll_lock held (device_table.c).
+ */
 int vmmt__table_open_poll(struct imported *ip);
 
 /*

@@ -79,8 +79,7 @@ int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, 
 }
 
 /* Wait within `until` for what is queued on the import's polling stream. */
-static int poll_stream_done(const struct imported *ip, const struct timespec *until,
-                            int timeout_ms)
+static int poll_stream_done(const struct imported *ip, const struct timespec *until, int timeout_ms)
 {
     struct timespec pause = {0, 10000};
     CUresult r;

@@ -7,20 +7,18 @@
  * back, vmmt_pool_release_rank and dead-consumer releases, vmmt_cancel of a
  * descriptor already handed out, and packed groups split across processes.
  *
- * Each test asserts what the docs promise. A test whose name starts with
- * test_finding_ failed against the library when it was written: it is
- * skipped unless VMMT_ATTACK_FINDINGS=1, and then prints "FINDING:" with
- * what happened (VMMT_ATTACK_FINDINGS=1 build/tests/test_attack_outside2).
- * The others are regression tests for attacks that held, or for findings
- * fixed since (each says so). Findings:
+ * Each test asserts what the docs promise, and fails with "FINDING:" and
+ * what happened. Regression tests for attacks that held, and for the five
+ * findings, each of which failed when it was written and is fixed since:
  *  - cancel/release_under_queued_copy_check (fixed: src/wire/ctrl.h,
  *    vmmt__ctrl_store_ack): a shared table's TAKEN word overwritten with d
  *    by vmmt_cancel or vmmt_pool_release_rank read, to the late
  *    acknowledgement, as its own: vmmt_consumer_check said OK for a copy
  *    that held the next occupant's bytes.
- *  - cancel/release_late_device_ack: on a device table the taken-back
- *    consume's unconditional stream write of d lands over the next
- *    occupant's acknowledgement: that slice never comes back.
+ *  - cancel/release_late_device_ack (fixed: src/consumer/device_table.c,
+ *    vmmt__table_write_acks): on a device table the taken-back consume's
+ *    unconditional stream write of d landed over the next occupant's
+ *    acknowledgement: that slice never came back.
  *  - dead_taker_other_holder_leaks (fixed: src/producer/release.c,
  *    vmmt__pool_shared_ranks_dead): a process killed with its rank's word
  *    TAKEN while another live process holds the rank: the word stayed
@@ -60,21 +58,6 @@
 #define OFF_OFFSET       288
 
 /* ------------------------------------------------------------ helpers */
-
-static int findings_on(void)
-{
-    const char *e = getenv("VMMT_ATTACK_FINDINGS");
-    return e != NULL && strcmp(e, "1") == 0;
-}
-
-/* A test that shows a finding runs only when asked for. */
-#define FINDING_TEST()                                                                             \
-    do {                                                                                           \
-        if (!findings_on()) {                                                                      \
-            print_message("known finding; VMMT_ATTACK_FINDINGS=1 runs it\n");                      \
-            skip();                                                                                \
-        }                                                                                          \
-    } while (0)
 
 /* A broken promise: fail with FINDING: and what happened. */
 #define PROMISE(cond, ...)                                                                         \
@@ -827,15 +810,13 @@ static void late_device_ack(struct fixture *f, enum take_back how)
             how == BY_CANCEL ? "vmmt_cancel" : "vmmt_pool_release_rank", drained, inflight);
 }
 
-static void test_finding_cancel_late_device_ack(void **state)
+static void test_cancel_late_device_ack(void **state)
 {
-    FINDING_TEST();
     late_device_ack(*state, BY_CANCEL);
 }
 
-static void test_finding_release_late_device_ack(void **state)
+static void test_release_late_device_ack(void **state)
 {
-    FINDING_TEST();
     late_device_ack(*state, BY_RELEASE);
 }
 
@@ -1556,8 +1537,8 @@ int main(void)
         T(test_holds_ack_waiting_when_producer_dies),
         T(test_cancel_under_queued_copy_check),
         T(test_release_under_queued_copy_check),
-        T(test_finding_cancel_late_device_ack),
-        T(test_finding_release_late_device_ack),
+        T(test_cancel_late_device_ack),
+        T(test_release_late_device_ack),
         T(test_holds_lease_spares_queued_copy),
         T(test_holds_late_cancel_host_table),
         T(test_holds_late_cancel_device_table),
