@@ -665,8 +665,11 @@ static inline int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_
  * producer's ready flag on `stream`, and the call returns without
  * synchronizing. A failed copy still acknowledges, so the slice is released;
  * the descriptor cannot be consumed again. A wait for the ready flag that
- * failed, or an acknowledgement that could not be written, acknowledges
- * nothing: the call may be retried. dst must not be 0, and dst + nbytes must
+ * failed, or an acknowledgement that could not be queued, acknowledges
+ * nothing: the call may be retried. (The acknowledgement itself is written
+ * by a thread of the consumer's once the copy has completed, and only while
+ * the slot still shows the occupant; a device table's is tried again there
+ * if its write fails.) dst must not be 0, and dst + nbytes must
  * not wrap. A descriptor changed in any byte after vmmt_publish returned it,
  * or made by a process that never held the pool, fails its seal:
  * VMMT_EPROTO, nothing imported, copied or written. A descriptor whose slot
@@ -695,7 +698,9 @@ VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, i
  * done (its ready flag never set): a consumer (this one or another) then
  * marked the flag ABANDONED so that streams are not blocked for ever, and
  * what landed at dst is not the buffer; also when the occupant left its slot
- * while this process's copy ran (docs/design.md, the case not covered).
+ * while this process's copy ran, and for a member of a packed group this
+ * process never completed once the slot moved on (docs/design.md, the case
+ * not covered).
  * Call it after synchronizing the consume's stream, before using the bytes,
  * wherever producers may die: it judges copies completed by then, and reads
  * a shared table's ready word, whatever this process has seen of the death.
