@@ -33,29 +33,37 @@ int vmmt__table_open_poll(struct imported *ip)
     return st;
 }
 
+/* Wait within `until` for what is queued on the import's polling stream; `what` names it. */
+static int poll_stream_done(const struct imported *ip, const struct timespec *until, int timeout_ms,
+                            const char *what)
+{
+    struct timespec pause = {0, 10000};
+    CUresult r;
+
+    for (;;) {
+        r = vmmt__drv()->cuStreamQuery(ip->poll_stream);
+        if (r != CUDA_ERROR_NOT_READY) break;
+        if (vmmt__deadline_passed(until))
+            return vmmt__fail(VMMT_ETIMEDOUT,
+                              "%s the producer's control table took more than %d ms; the device "
+                              "is busy or stalled",
+                              what, timeout_ms);
+        nanosleep(&pause, NULL);
+    }
+    return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "%s the control table", what);
+}
+
 int vmmt__table_read_words(const struct imported *ip, CUdeviceptr word, uint32_t words,
                            const struct timespec *until, int timeout_ms)
 {
-    const struct vmmt_drv *d = vmmt__drv();
-    struct timespec pause = {0, 10000};
     CUresult r;
 
     if (words > VMMT__POLL_WORDS)
         return vmmt__fail(VMMT_EINVAL, "%u control table words asked at once, at most %d", words,
                           VMMT__POLL_WORDS);
-    r = d->cuMemcpyDtoHAsync(ip->poll_word, word, 4u * words, ip->poll_stream);
+    r = vmmt__drv()->cuMemcpyDtoHAsync(ip->poll_word, word, 4u * words, ip->poll_stream);
     if (r != CUDA_SUCCESS) return vmmt__cu_fail(r, "reading the control table");
-    for (;;) {
-        r = d->cuStreamQuery(ip->poll_stream);
-        if (r != CUDA_ERROR_NOT_READY) break;
-        if (vmmt__deadline_passed(until))
-            return vmmt__fail(VMMT_ETIMEDOUT,
-                              "reading the producer's control table took more than %d ms; the "
-                              "device is busy or stalled",
-                              timeout_ms);
-        nanosleep(&pause, NULL);
-    }
-    return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "reading the control table");
+    return poll_stream_done(ip, until, timeout_ms, "reading");
 }
 
 int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, int timeout_ms,
@@ -76,25 +84,6 @@ int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, 
     pthread_mutex_unlock(&ip->poll_lock);
     vmmt__ctx_leave();
     return st;
-}
-
-/* Wait within `until` for what is queued on the import's polling stream. */
-static int poll_stream_done(const struct imported *ip, const struct timespec *until, int timeout_ms)
-{
-    struct timespec pause = {0, 10000};
-    CUresult r;
-
-    for (;;) {
-        r = vmmt__drv()->cuStreamQuery(ip->poll_stream);
-        if (r != CUDA_ERROR_NOT_READY) break;
-        if (vmmt__deadline_passed(until))
-            return vmmt__fail(VMMT_ETIMEDOUT,
-                              "writing acknowledgements into the producer's control table took "
-                              "more than %d ms; the device is busy or stalled",
-                              timeout_ms);
-        nanosleep(&pause, NULL);
-    }
-    return r == CUDA_SUCCESS ? VMMT_OK : vmmt__cu_fail(r, "writing acknowledgements");
 }
 
 /*
@@ -131,7 +120,7 @@ int vmmt__table_write_acks(struct imported *ip, uint32_t slot, uint32_t stride, 
                                                  ip->table + vmmt__ctrl_ack(0, stride, slot, r),
                                                  gen, CU_STREAM_WRITE_VALUE_DEFAULT));
         /* Queued ones land whatever failed after them: wait for them either way. */
-        int landed = poll_stream_done(ip, &until, timeout_ms);
+        int landed = poll_stream_done(ip, &until, timeout_ms, "writing acknowledgements into");
         if (st == VMMT_OK) st = landed;
         if (st == VMMT_OK) *written = 1;
     }
