@@ -66,7 +66,19 @@ static int rank0_acked(vmmt_pool *pool, const vmmt_desc *d)
     vmmt_desc_info i;
 
     assert_vmmt_ok(vmmt_desc_inspect(d, &i));
-    if (!p->host_table) return 1; /* a stream write: landed once the stream synchronized */
+    if (!p->host_table) {
+        /* The acker's stream write after the copy: read the word where it lands. */
+        const struct vmmt_drv *drv = vmmt__drv();
+        uint32_t v = 0;
+        CUstream s;
+        assert_int_equal(drv->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        assert_int_equal(
+            drv->cuMemcpyDtoHAsync(&v, p->ctrl_dev + vmmt__ctrl_ack(0, p->stride, i.slot, 0), 4, s),
+            CUDA_SUCCESS);
+        assert_int_equal(drv->cuStreamSynchronize(s), CUDA_SUCCESS);
+        assert_int_equal(drv->cuStreamDestroy(s), CUDA_SUCCESS);
+        return v == i.generation;
+    }
     return vmmt__ctrl_load(p->table_host + vmmt__ctrl_ack(0, p->stride, i.slot, 0) / 4) ==
            i.generation;
 }
@@ -95,8 +107,9 @@ static void duplicate_ack(struct fixture *f, int device_table)
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &first));
     assert_vmmt_ok(vmmt_consume(f->consumer, &first, 0, f->dst, f->cap, f->stream, 0, 1));
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
-    /* A shared table's acknowledgement is the acker thread's store after the copy's event:
-     * wait until it is there, as the restarted process would find it. */
+    /* The acknowledgement is the acker thread's, after the copy's event (a store into a
+     * shared table, a stream write into a device table): wait until it is there, as the
+     * restarted process would find it. */
     for (int i = 0; i < 5000 && !rank0_acked(f->pool, &first); i++)
         sleep_ms(1);
 
