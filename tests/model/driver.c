@@ -1329,11 +1329,19 @@ static int op_check(void)
         R.ctr[CTR_check_group_left]++;
         return 1;
     }
-    if (rep.status != cp->expect)
+    if (rep.status != cp->expect) {
+        int done = 0;
+        unsigned pr = m_prog_ranks(&M, cp->rec, s, &done);
         finding("vmmt_consumer_check of a descriptor consumer %d copied (publish uid %" PRIx64
-                ") says %s, the model expects %s (%s)",
-                s, r->uid[cp->member], st_name(rep.status), st_name(cp->expect),
-                cp->expect == VMMT_OK ? "its bytes arrived" : "its producer died before the copy");
+                ", member %d of %d, slot %u gen %u, for ranks %s; record state %d, acked by %s; "
+                "this seat's group: ranks %s, done %d) says %s, the model expects %s (%s); "
+                "library: %s",
+                s, r->uid[cp->member], cp->member, r->members, r->slot, r->gen,
+                ranks_text(cp->ranks), r->state, ranks_text(r->acked), ranks_text(pr), done,
+                st_name(rep.status), st_name(cp->expect),
+                cp->expect == VMMT_OK ? "its bytes arrived" : "its producer died before the copy",
+                rep.msg);
+    }
     R.ctr[cp->expect == VMMT_OK ? CTR_check_ok : CTR_check_failed]++;
     return 1;
 }
