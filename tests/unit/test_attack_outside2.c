@@ -36,55 +36,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "attack_helpers.h"
 #include "emu.h"
 #include "pattern.h"
 #include "poolfix.h"
 #include "rawbroker.h"
 
-#define N 4096
-
-/* Field offsets of docs/descriptor.md, "Layout". */
-#define OFF_SLOT_STRIDE  248
-#define OFF_SLOT         264
-#define OFF_GENERATION   268
-#define OFF_SLICE_OFFSET 272
-#define OFF_OFFSET       288
-
 /* ------------------------------------------------------------ helpers */
-
-/* A broken promise: fail with FINDING: and what happened. */
-#define PROMISE(cond, ...)                                                                         \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            print_error("FINDING: " __VA_ARGS__);                                                  \
-            print_error("\n");                                                                     \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
-
-static const struct vmmt_drv *drv(void)
-{
-    return vmmt__drv();
-}
-
-static void sync_s(CUstream s)
-{
-    assert_int_equal(drv()->cuStreamSynchronize(s), CUDA_SUCCESS);
-}
-
-static CUstream new_stream(void)
-{
-    CUstream s;
-    assert_int_equal(drv()->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    return s;
-}
 
 static void make_pool(struct fixture *f, int consumers, int device_table, uint32_t slices,
                       uint32_t recycle_us, int lease_ms)
@@ -98,25 +60,6 @@ static void make_pool(struct fixture *f, int consumers, int device_table, uint32
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
 }
 
-/*
- * Publish N bytes of pattern i on the fixture's stream (not synchronized).
- * Acknowledgements are written by a consumer thread and swept by the
- * recycler a moment after a consume returns, so a loop that publishes fast
- * may find no room for a while: that is retried, at most 5 s.
- */
-static vmmt_desc publish(struct fixture *f, uint32_t i)
-{
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_desc d;
-    int st;
-
-    put(f, f->src, N, i);
-    for (int k = 0; (st = vmmt_publish(f->pool, &b, f->stream, &d)) == VMMT_EFULL && k < 5000; k++)
-        sleep_ms(1);
-    assert_vmmt_ok(st);
-    return d;
-}
-
 /* Two members of N bytes, patterns p0 and p1, packed into one slot; landed. */
 static void publish_pair(struct fixture *f, uint32_t p0, uint32_t p1, vmmt_desc out[2])
 {
@@ -126,153 +69,6 @@ static void publish_pair(struct fixture *f, uint32_t p0, uint32_t p1, vmmt_desc 
     put(f, f->src + N, N, p1);
     assert_vmmt_ok(vmmt_publish_packed(f->pool, b, 2, f->stream, out));
     sync_s(f->stream);
-}
-
-static int consume_at(vmmt_consumer *c, const vmmt_desc *d, CUdeviceptr dst, CUstream s, int first,
-                      int count)
-{
-    return vmmt_consume(c, d, 0, dst, N, s, first, count);
-}
-
-/* Does `at` hold N bytes of pattern i? */
-static int holds(struct fixture *f, CUdeviceptr at, uint32_t i)
-{
-    uint8_t *h = malloc(N);
-    int ok;
-
-    assert_non_null(h);
-    assert_int_equal(drv()->cuMemcpyDtoHAsync(h, at, N, f->stream), CUDA_SUCCESS);
-    sync_s(f->stream);
-    ok = tu_pattern_check(h, N, i) == N;
-    free(h);
-    return ok;
-}
-
-/* Which pattern in 0..63 `at` holds, or -1. */
-static int which(struct fixture *f, CUdeviceptr at)
-{
-    for (uint32_t i = 0; i < 64; i++)
-        if (holds(f, at, i)) return (int)i;
-    return -1;
-}
-
-static uint32_t in_flight_settled(struct fixture *f)
-{
-    sleep_ms(30);
-    assert_vmmt_ok(vmmt_pool_reclaim(f->pool, NULL));
-    return stats(f->pool).in_flight;
-}
-
-/*
- * The shared control table as any process that fetched it from the broker
- * sees it (docs/descriptor.md, "The control table"): the memfd, its rows at
- * offset 64, slot_stride bytes each; word 0 ready, word 1 + r rank r's ack.
- */
-struct rawtab {
-    uint8_t *m;
-    size_t len;
-    uint32_t stride;
-};
-
-static void rawtab_open(const vmmt_desc *d, struct rawtab *t)
-{
-    struct stat sb;
-    int fds[2], n;
-
-    assert_int_equal(tu_raw_fetch(d, fds, &n), VMMT_OK);
-    assert_int_equal(n, 2);
-    close(fds[0]);
-    assert_int_equal(fstat(fds[1], &sb), 0);
-    t->len = (size_t)sb.st_size;
-    t->m = mmap(NULL, t->len, PROT_READ, MAP_SHARED, fds[1], 0);
-    assert_true(t->m != MAP_FAILED);
-    close(fds[1]);
-    t->stride = tu_get32(d, OFF_SLOT_STRIDE);
-}
-
-static uint32_t rawtab_word(const struct rawtab *t, const vmmt_desc *d, int idx)
-{
-    const uint32_t *w =
-        (const uint32_t *)(t->m + 64 + (size_t)tu_get32(d, OFF_SLOT) * t->stride + 4u * idx);
-    return __atomic_load_n(w, __ATOMIC_ACQUIRE);
-}
-
-static void rawtab_close(struct rawtab *t)
-{
-    munmap(t->m, t->len);
-}
-
-/* Wait at most ms for rank r's word of d's slot to read `want`. */
-static int wait_word(const struct rawtab *t, const vmmt_desc *d, int idx, uint32_t want, int ms)
-{
-    for (int i = 0; i < ms; i++) {
-        if (rawtab_word(t, d, idx) == want) return 1;
-        sleep_ms(1);
-    }
-    return rawtab_word(t, d, idx) == want;
-}
-
-/* A consumer process (consumer_child) on a stream socket pair. */
-static pid_t spawn_rank(int first, int count, int *sock)
-{
-    char a[16], b[16];
-    char *argv[] = {"0", a, b, NULL};
-    int sv[2];
-    pid_t pid;
-
-    snprintf(a, sizeof a, "%d", first);
-    snprintf(b, sizeof b, "%d", count);
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    pid = tu_spawn("consumer_child", argv, sv[1]);
-    assert_true(pid > 0);
-    close(sv[1]);
-    *sock = sv[0];
-    return pid;
-}
-
-static void send_msg(int sock, uint32_t i, const vmmt_desc *d, uint32_t pad)
-{
-    struct tu_msg m;
-
-    memset(&m, 0, sizeof m);
-    m.index = i;
-    m.pad = pad;
-    if (d) memcpy(m.desc, d->bytes, sizeof m.desc);
-    assert_int_equal(write(sock, &m, sizeof m), sizeof m);
-}
-
-static int32_t reply(int sock, uint32_t i)
-{
-    struct tu_reply r;
-    struct timeval tv = {20, 0};
-
-    assert_int_equal(setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
-    assert_int_equal(read(sock, &r, sizeof r), sizeof r);
-    assert_int_equal(r.index, i);
-    return r.status;
-}
-
-static void kill_reap(pid_t pid)
-{
-    int status;
-
-    assert_int_equal(kill(pid, SIGKILL), 0);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-}
-
-static void end_child(int sock, pid_t pid)
-{
-    send_msg(sock, UINT32_MAX, NULL, 0);
-    tu_wait(pid, 10000);
-    close(sock);
-}
-
-/* Poll the pool's stats until pred holds, at most ms. */
-static int wait_links(struct fixture *f, uint32_t links, int ms)
-{
-    for (int i = 0; i < ms / 2 && stats(f->pool).consumer_links != links; i++)
-        sleep_ms(2);
-    return stats(f->pool).consumer_links == links;
 }
 
 static int wait_rank_releases(struct fixture *f, uint64_t want, int ms)
@@ -313,16 +109,16 @@ static void test_holds_partial_take_given_back(void **state)
     assert_int_equal(vmmt_consumer_ack(b, &d, 0, f->stream, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
     assert_vmmt_ok(consume_at(c, &d, f->dst + 2 * MiB, f->stream, 0, 1));
     sync_s(f->stream);
-    assert_true(holds(f, f->dst + 2 * MiB, 11));
+    assert_true(holds(f->stream, f->dst + 2 * MiB, 11));
     gate_open_later(&g, 5);
     gate_free(&g);
     sync_s(sa);
-    assert_true(holds(f, f->dst, 11));
+    assert_true(holds(f->stream, f->dst, 11));
     assert_vmmt_ok(vmmt_consumer_check(f->consumer, &d));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     vmmt_consumer_destroy(b);
     vmmt_consumer_destroy(c);
-    assert_int_equal(drv()->cuStreamDestroy(sa), CUDA_SUCCESS);
+    free_stream(sa);
 }
 
 /* Racing calls of two consumers for one descriptor, many times over. */
@@ -389,16 +185,17 @@ static void test_holds_same_rank_race(void **state)
         sync_s(s2);
         both += a.st == VMMT_OK && b.st == VMMT_OK;
         none += a.st != VMMT_OK && b.st != VMMT_OK;
-        if (a.st == VMMT_OK) PROMISE(holds(f, f->dst, i % 64), "race %u: OK with wrong bytes", i);
+        if (a.st == VMMT_OK)
+            PROMISE(holds(f->stream, f->dst, i % 64), "race %u: OK with wrong bytes", i);
         if (b.st == VMMT_OK && !b.ack)
-            PROMISE(holds(f, f->dst + MiB, i % 64), "race %u: OK with wrong bytes", i);
+            PROMISE(holds(f->stream, f->dst + MiB, i % 64), "race %u: OK with wrong bytes", i);
     }
     PROMISE(both == 0, "%d of 150 races: both calls of rank 0 returned OK", both);
     PROMISE(none == 0, "%d of 150 races: neither call of rank 0 succeeded", none);
     PROMISE(vmmt_pool_drain(f->pool, 5000) == VMMT_OK, "slices left in flight after the races");
     vmmt_consumer_destroy(other);
-    assert_int_equal(drv()->cuStreamDestroy(s1), CUDA_SUCCESS);
-    assert_int_equal(drv()->cuStreamDestroy(s2), CUDA_SUCCESS);
+    free_stream(s1);
+    free_stream(s2);
 }
 
 /*
@@ -433,12 +230,12 @@ static void test_holds_all_ranks_race_gives_back(void **state)
         }
         sync_s(s1);
         sync_s(s2);
-        PROMISE(holds(f, f->dst, i % 64), "race %u: wrong bytes", i);
+        PROMISE(holds(f->stream, f->dst, i % 64), "race %u: wrong bytes", i);
     }
     PROMISE(vmmt_pool_drain(f->pool, 5000) == VMMT_OK, "slices left in flight after the races");
     vmmt_consumer_destroy(other);
-    assert_int_equal(drv()->cuStreamDestroy(s1), CUDA_SUCCESS);
-    assert_int_equal(drv()->cuStreamDestroy(s2), CUDA_SUCCESS);
+    free_stream(s1);
+    free_stream(s2);
 }
 
 /*
@@ -529,7 +326,7 @@ static void test_holds_polled_timeout_gives_word_back(void **state)
     sync_s(f->stream);
     emu_reset();
     int drained = vmmt_pool_drain(f->pool, 5000);
-    int right = st_other == VMMT_OK && holds(f, f->dst + MiB, 12);
+    int right = st_other == VMMT_OK && holds(f->stream, f->dst + MiB, 12);
     vmmt_consumer_destroy(quick);
     vmmt_consumer_destroy(other);
     PROMISE(st == VMMT_ETIMEDOUT && st_ack == VMMT_ETIMEDOUT,
@@ -608,7 +405,7 @@ static void dead_producer_gated_copy(struct fixture *f, int device_table)
     gate_open_later(&g, 0);
     gate_free(&g);
     sync_s(s);
-    PROMISE(holds(f, f->dst, 1), "buffer 1, landed before the death, copied wrong bytes");
+    PROMISE(holds(f->stream, f->dst, 1), "buffer 1, landed before the death, copied wrong bytes");
     int st = vmmt_consumer_check(f->consumer, &p.d[0]);
     PROMISE(st == VMMT_OK, "check of a buffer that landed before its producer died: %d (%s)", st,
             vmmt_last_error());
@@ -619,7 +416,7 @@ static void dead_producer_gated_copy(struct fixture *f, int device_table)
     PROMISE(st == VMMT_ECLOSED, "ack of a dead producer's descriptor: %d", st);
     sync_s(f->stream);
     assert_int_equal(wait_pool_count(f->consumer, 0, 3000), 0);
-    assert_int_equal(drv()->cuStreamDestroy(s), CUDA_SUCCESS);
+    free_stream(s);
 }
 
 static void test_holds_dead_producer_gated_copy_host_table(void **state)
@@ -727,17 +524,17 @@ static void taken_back_under_copy(struct fixture *f, enum take_back how)
     gate_open_later(&g, 0);
     gate_free(&g);
     sync_s(s);
-    got = which(f, f->dst);
+    got = which(f->stream, f->dst);
     st = vmmt_consumer_check(f->consumer, &d1);
     sleep_ms(50); /* the acknowledgement thread has run too: ask again */
     st_later = vmmt_consumer_check(f->consumer, &d1);
     /* Buffer 2's own consumer is served. */
     assert_vmmt_ok(consume_at(f->consumer, &d2, f->dst, f->stream, 0, 1));
     sync_s(f->stream);
-    assert_true(holds(f, f->dst, 2));
+    assert_true(holds(f->stream, f->dst, 2));
     assert_vmmt_ok(vmmt_consumer_check(f->consumer, &d2));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    assert_int_equal(drv()->cuStreamDestroy(s), CUDA_SUCCESS);
+    free_stream(s);
     PROMISE(st == VMMT_EFAILED && st_later == VMMT_EFAILED,
             "%s of a descriptor whose copy was queued, slice reused: dst holds buffer %d's bytes, "
             "vmmt_consumer_check says %d, and %d 50 ms later (0 is VMMT_OK), not VMMT_EFAILED",
@@ -792,7 +589,7 @@ static void late_device_ack(struct fixture *f, enum take_back how)
     st = consume_at(b, &d2, f->dst + MiB, f->stream, 0, 1);
     sync_s(f->stream);
     assert_vmmt_ok(st);
-    assert_true(holds(f, f->dst + MiB, 2));
+    assert_true(holds(f->stream, f->dst + MiB, 2));
     gate_open_later(&g, 0);
     gate_free(&g);
     sync_s(s);
@@ -801,7 +598,7 @@ static void late_device_ack(struct fixture *f, enum take_back how)
     if (drained != VMMT_OK) assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 0)); /* clean up */
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     vmmt_consumer_destroy(b);
-    assert_int_equal(drv()->cuStreamDestroy(s), CUDA_SUCCESS);
+    free_stream(s);
     PROMISE(drained == VMMT_OK,
             "device table, %s of a descriptor whose copy was queued: the late stream "
             "acknowledgement of buffer 1 overwrote buffer 2's, whose consumer had acknowledged "
@@ -852,10 +649,10 @@ static void test_holds_lease_spares_queued_copy(void **state)
             "lease released a rank whose live consumer's copy was queued (in flight %u, "
             "released %llu)",
             inflight, (unsigned long long)released);
-    assert_true(holds(f, f->dst + MiB, 4));
+    assert_true(holds(f->stream, f->dst + MiB, 4));
     assert_vmmt_ok(vmmt_consumer_check(f->consumer, &d));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    assert_int_equal(drv()->cuStreamDestroy(s), CUDA_SUCCESS);
+    free_stream(s);
 }
 
 /* ================================================ 4. late cancels */
@@ -892,8 +689,8 @@ static void late_cancel(struct fixture *f, int device_table)
             st);
     st = consume_at(f->consumer, &bd, f->dst, f->stream, 0, 1);
     sync_s(f->stream);
-    PROMISE(st == VMMT_OK && holds(f, f->dst, 2), "B after a stale cancel of A: %d, buffer %d", st,
-            which(f, f->dst));
+    PROMISE(st == VMMT_OK && holds(f->stream, f->dst, 2),
+            "B after a stale cancel of A: %d, buffer %d", st, which(f->stream, f->dst));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
@@ -938,8 +735,9 @@ static void test_holds_token_cancel_after_commit(void **state)
     assert_vmmt_ok(consume_at(f->consumer, &d, f->dst, f->stream, 0, 1));
     assert_vmmt_ok(consume_at(f->consumer, &other, f->dst + MiB, f->stream, 0, 1));
     sync_s(f->stream);
-    PROMISE(holds(f, f->dst, 5), "the committed buffer holds buffer %d's bytes", which(f, f->dst));
-    assert_true(holds(f, f->dst + MiB, 6));
+    PROMISE(holds(f->stream, f->dst, 5), "the committed buffer holds buffer %d's bytes",
+            which(f->stream, f->dst));
+    assert_true(holds(f->stream, f->dst + MiB, 6));
 
     assert_vmmt_ok(vmmt_reserve(f->pool, N, &r2));
     assert_vmmt_ok(vmmt_cancel(f->pool, &r2.token));
@@ -967,7 +765,7 @@ static void test_holds_cancel_after_ack_frees_once(void **state)
     assert_vmmt_ok(consume_at(f->consumer, &a, f->dst, f->stream, 0, 1));
     sync_s(f->stream);
     rawtab_open(&a, &t);
-    assert_true(wait_word(&t, &a, 1, tu_get32(&a, OFF_GENERATION), 5000)); /* acknowledged */
+    assert_true(wait_word(&t, &a, 1, gen(&a), 5000)); /* acknowledged */
     st = vmmt_cancel(f->pool, &a);
     PROMISE(st == VMMT_OK || st == VMMT_ESTATE, "cancel after ack: %d", st);
     assert_vmmt_ok(vmmt_pool_reclaim(f->pool, NULL));
@@ -985,8 +783,8 @@ static void test_holds_cancel_after_ack_frees_once(void **state)
     assert_vmmt_ok(consume_at(f->consumer, &x, f->dst, f->stream, 0, 1));
     assert_vmmt_ok(consume_at(f->consumer, &y, f->dst + MiB, f->stream, 0, 1));
     sync_s(f->stream);
-    assert_true(holds(f, f->dst, 7));
-    assert_true(holds(f, f->dst + MiB, 8));
+    assert_true(holds(f->stream, f->dst, 7));
+    assert_true(holds(f->stream, f->dst + MiB, 8));
     assert_vmmt_ok(vmmt_pool_reclaim(f->pool, NULL));
     rawtab_close(&t);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
@@ -1047,14 +845,15 @@ static void test_holds_consume_during_cancel(void **state)
         sync_s(f->stream);
         assert_vmmt_ok(c.st);
         if (r.st == VMMT_OK && vmmt_consumer_check(f->consumer, &d) == VMMT_OK)
-            PROMISE(holds(f, f->dst, i % 64), "race %u: OK and check OK with wrong bytes", i);
+            PROMISE(holds(f->stream, f->dst, i % 64), "race %u: OK and check OK with wrong bytes",
+                    i);
         int st = consume_at(late, &d, f->dst + MiB, s, 0, 1);
         sync_s(s);
         PROMISE(st == VMMT_ESTATE, "race %u: a cancelled descriptor consumed later: %d", i, st);
         PROMISE(vmmt_pool_drain(f->pool, 5000) == VMMT_OK, "race %u: slice left in flight", i);
     }
     vmmt_consumer_destroy(late);
-    assert_int_equal(drv()->cuStreamDestroy(s), CUDA_SUCCESS);
+    free_stream(s);
 }
 
 /* ================================== 5. dead consumers and release_rank */
@@ -1089,7 +888,7 @@ static void test_holds_killed_consumer_with_taken_word(void **state)
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d1)); /* PENDING until the gate opens */
     rawtab_open(&d1, &t);
     send_msg(sock, 1, &d1, 0);
-    assert_true(wait_word(&t, &d1, 1, tu_get32(&d1, OFF_GENERATION) - 1, 5000));
+    assert_true(wait_word(&t, &d1, 1, gen(&d1) - 1, 5000));
     kill_reap(pid);
     close(sock);
     int released = wait_rank_releases(f, 1, 5000);
@@ -1099,7 +898,7 @@ static void test_holds_killed_consumer_with_taken_word(void **state)
     PROMISE(released, "a consumer killed with its word TAKEN: its rank was never released");
     PROMISE(vmmt_pool_drain(f->pool, 5000) == VMMT_OK,
             "the slice of a consumer killed with its word TAKEN stays in flight (word %u, gen %u)",
-            rawtab_word(&t, &d1, 1), tu_get32(&d1, OFF_GENERATION));
+            rawtab_word(&t, &d1, 1), gen(&d1));
     assert_vmmt_ok(vmmt_consumer_create(NULL, &fresh));
     PROMISE(consume_at(fresh, &d1, f->dst, f->stream, 0, 1) == VMMT_ESTATE,
             "a released descriptor consumed by the restarted rank");
@@ -1188,7 +987,7 @@ static void test_dead_taker_other_holder_leaks(void **state)
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d1)); /* PENDING */
     rawtab_open(&d1, &t);
     send_msg(sa, 1, &d1, 0);
-    assert_true(wait_word(&t, &d1, 1, tu_get32(&d1, OFF_GENERATION) - 1, 5000)); /* TAKEN */
+    assert_true(wait_word(&t, &d1, 1, gen(&d1) - 1, 5000)); /* TAKEN */
     kill_reap(a);
     close(sa);
     assert_true(wait_links(f, 1, 5000));
@@ -1207,7 +1006,7 @@ static void test_dead_taker_other_holder_leaks(void **state)
             "a process of rank 0 killed with its word TAKEN while another live process holds "
             "rank 0: the word stays TAKEN (%u, generation %u), the live process is refused (%d) "
             "and the slice stays in flight (drain %d) until vmmt_pool_release_rank",
-            word, tu_get32(&d1, OFF_GENERATION), st_b, drained);
+            word, gen(&d1), st_b, drained);
 }
 
 /*
@@ -1296,7 +1095,7 @@ static void release_one_of_two(struct fixture *f, int device_table)
     PROMISE(in_flight_settled(f) == 1, "released before rank 1 consumed");
     assert_vmmt_ok(consume_at(fresh, &d, f->dst + MiB, f->stream, 1, 1));
     sync_s(f->stream);
-    assert_true(holds(f, f->dst + MiB, 9));
+    assert_true(holds(f->stream, f->dst + MiB, 9));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     vmmt_consumer_destroy(fresh);
 }
@@ -1355,7 +1154,7 @@ static void test_holds_release_rank_races_consume(void **state)
         ok += st == VMMT_OK;
         refused += st == VMMT_ESTATE;
         other += st != VMMT_OK && st != VMMT_ESTATE;
-        if (st == VMMT_OK && !holds(f, f->dst, i % 64)) wrong++;
+        if (st == VMMT_OK && !holds(f->stream, f->dst, i % 64)) wrong++;
     }
     r.stop = 1;
     pthread_join(t, NULL);
@@ -1400,8 +1199,8 @@ static void test_holds_packed_half_then_other_process(void **state)
     assert_int_equal(vmmt_consumer_evict(f->consumer, in.pool_id, 0), VMMT_ESTATE);
     assert_vmmt_ok(consume_at(f->consumer, &pair[1], f->dst + MiB, f->stream, 0, 1));
     sync_s(f->stream);
-    assert_true(holds(f, f->dst, 1));
-    assert_true(holds(f, f->dst + MiB, 2));
+    assert_true(holds(f->stream, f->dst, 1));
+    assert_true(holds(f->stream, f->dst + MiB, 2));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     assert_vmmt_ok(vmmt_consumer_evict(f->consumer, in.pool_id, 0));
     assert_int_equal(consume_at(other, &pair[0], f->dst, f->stream, 0, 1), VMMT_ESTATE);
@@ -1513,7 +1312,7 @@ static void test_holds_lru_keeps_half_group(void **state)
     count = vmmt_consumer_pool_count(c);
     st = consume_at(c, &pair[1], f->dst + MiB, f->stream, 0, 1);
     sync_s(f->stream);
-    int right = st == VMMT_OK && holds(f, f->dst + MiB, 2) && holds(f, f->dst, 1);
+    int right = st == VMMT_OK && holds(f->stream, f->dst + MiB, 2) && holds(f->stream, f->dst, 1);
     int drained = vmmt_pool_drain(f->pool, 5000);
     assert_vmmt_ok(vmmt_pool_drain(q, 5000));
     vmmt_consumer_destroy(c);

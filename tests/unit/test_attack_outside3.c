@@ -38,7 +38,7 @@
  *
  * Two consumer objects of one process share nothing but the control table,
  * so they stand for two processes where a copy must be held queued at will
- * (as in test_attack_outside2.c, whose helpers are copied here); real
+ * (as in test_attack_outside2.c, whose helpers it shares: tests/lib/attack_helpers.h); real
  * processes (tests/children/consumer_child) are used where the liveness
  * link matters. A device table's words are written by hand through a
  * mapping of the pool's allocation fetched from the broker, as any process
@@ -48,65 +48,19 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "attack_helpers.h"
 #include "emu.h"
 #include "pattern.h"
 #include "poolfix.h"
 #include "rawbroker.h"
 
-#define N 4096
-
-/* Field offsets of docs/descriptor.md, "Layout". */
-#define OFF_ALLOC_SIZE   232
-#define OFF_SLOT_STRIDE  248
-#define OFF_SLOT         264
-#define OFF_GENERATION   268
-#define OFF_SLICE_OFFSET 272
-#define OFF_OFFSET       288
-
 /* ------------------------------------------------------------ helpers */
-
-/* A broken promise: fail with FINDING: and what happened. */
-#define PROMISE(cond, ...)                                                                         \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            print_error("FINDING: " __VA_ARGS__);                                                  \
-            print_error("\n");                                                                     \
-            fail();                                                                                \
-        }                                                                                          \
-    } while (0)
-
-static const struct vmmt_drv *drv(void)
-{
-    return vmmt__drv();
-}
-
-static void sync_s(CUstream s)
-{
-    assert_int_equal(drv()->cuStreamSynchronize(s), CUDA_SUCCESS);
-}
-
-static CUstream new_stream(void)
-{
-    CUstream s;
-    assert_int_equal(drv()->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    return s;
-}
-
-static void free_stream(CUstream s)
-{
-    assert_int_equal(drv()->cuStreamDestroy(s), CUDA_SUCCESS);
-}
 
 static void make_pool(struct fixture *f, int consumers, int device_table, uint32_t slices,
                       uint32_t recycle_us)
@@ -117,41 +71,6 @@ static void make_pool(struct fixture *f, int consumers, int device_table, uint32
     c.device_control_table = device_table;
     if (recycle_us) c.recycle_interval_us = recycle_us;
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
-}
-
-/* Pattern i into `at` through stream s (synchronized). */
-static void put_on(CUstream s, CUdeviceptr at, size_t n, uint32_t i)
-{
-    uint8_t *h = malloc(n);
-
-    assert_non_null(h);
-    tu_pattern_fill(h, n, i);
-    assert_int_equal(drv()->cuMemcpyHtoDAsync(at, h, n, s), CUDA_SUCCESS);
-    sync_s(s);
-    free(h);
-}
-
-/*
- * Publish N bytes of pattern i from `src` on stream s (not synchronized),
- * retrying a full pool for at most 5 s (acknowledgements are written by a
- * consumer thread and swept by the recycler a moment after a consume).
- */
-static vmmt_desc publish_from(vmmt_pool *p, CUstream s, CUdeviceptr src, uint32_t i)
-{
-    vmmt_buffer b = bytes(src, N);
-    vmmt_desc d;
-    int st;
-
-    put_on(s, src, N, i);
-    for (int k = 0; (st = vmmt_publish(p, &b, s, &d)) == VMMT_EFULL && k < 5000; k++)
-        sleep_ms(1);
-    assert_vmmt_ok(st);
-    return d;
-}
-
-static vmmt_desc publish(struct fixture *f, uint32_t i)
-{
-    return publish_from(f->pool, f->stream, f->src, i);
 }
 
 /* `count` members of N bytes, patterns p, p + 1, ..., packed into one slot; landed. */
@@ -171,88 +90,6 @@ static void publish_group(struct fixture *f, uint32_t p, size_t count, vmmt_desc
         sleep_ms(1);
     assert_vmmt_ok(st);
     sync_s(f->stream);
-}
-
-static int consume_at(vmmt_consumer *c, const vmmt_desc *d, CUdeviceptr dst, CUstream s, int first,
-                      int count)
-{
-    return vmmt_consume(c, d, 0, dst, N, s, first, count);
-}
-
-/* Does `at` hold N bytes of pattern i? */
-static int holds(CUstream s, CUdeviceptr at, uint32_t i)
-{
-    uint8_t *h = malloc(N);
-    int ok;
-
-    assert_non_null(h);
-    assert_int_equal(drv()->cuMemcpyDtoHAsync(h, at, N, s), CUDA_SUCCESS);
-    sync_s(s);
-    ok = tu_pattern_check(h, N, i) == N;
-    free(h);
-    return ok;
-}
-
-/* Which pattern in 0..63 `at` holds, or -1. */
-static int which(CUstream s, CUdeviceptr at)
-{
-    for (uint32_t i = 0; i < 64; i++)
-        if (holds(s, at, i)) return (int)i;
-    return -1;
-}
-
-static uint32_t gen(const vmmt_desc *d)
-{
-    return tu_get32(d, OFF_GENERATION);
-}
-
-/*
- * The shared control table as any process that fetched it from the broker
- * sees it (docs/descriptor.md, "The control table"): the memfd, its rows at
- * offset 64, slot_stride bytes each; word 0 ready, word 1 + r rank r's ack.
- */
-struct rawtab {
-    uint8_t *m;
-    size_t len;
-    uint32_t stride;
-};
-
-static void rawtab_open(const vmmt_desc *d, struct rawtab *t)
-{
-    struct stat sb;
-    int fds[2], n;
-
-    assert_int_equal(tu_raw_fetch(d, fds, &n), VMMT_OK);
-    assert_int_equal(n, 2);
-    close(fds[0]);
-    assert_int_equal(fstat(fds[1], &sb), 0);
-    t->len = (size_t)sb.st_size;
-    t->m = mmap(NULL, t->len, PROT_READ, MAP_SHARED, fds[1], 0);
-    assert_true(t->m != MAP_FAILED);
-    close(fds[1]);
-    t->stride = tu_get32(d, OFF_SLOT_STRIDE);
-}
-
-static uint32_t rawtab_word(const struct rawtab *t, const vmmt_desc *d, int idx)
-{
-    const uint32_t *w =
-        (const uint32_t *)(t->m + 64 + (size_t)tu_get32(d, OFF_SLOT) * t->stride + 4u * idx);
-    return __atomic_load_n(w, __ATOMIC_ACQUIRE);
-}
-
-static void rawtab_close(struct rawtab *t)
-{
-    munmap(t->m, t->len);
-}
-
-/* Wait at most ms for word idx of d's slot to read `want`. */
-static int wait_word(const struct rawtab *t, const vmmt_desc *d, int idx, uint32_t want, int ms)
-{
-    for (int i = 0; i < ms; i++) {
-        if (rawtab_word(t, d, idx) == want) return 1;
-        sleep_ms(1);
-    }
-    return rawtab_word(t, d, idx) == want;
 }
 
 /*
@@ -318,75 +155,6 @@ static void devtab_close(struct devtab *t)
     assert_int_equal(drv()->cuMemUnmap(t->base, t->size), CUDA_SUCCESS);
     assert_int_equal(drv()->cuMemAddressFree(t->base, t->size), CUDA_SUCCESS);
     assert_int_equal(drv()->cuMemRelease(t->h), CUDA_SUCCESS);
-}
-
-/* A consumer process (consumer_child) on a stream socket pair. */
-static pid_t spawn_rank(int first, int count, int *sock)
-{
-    char a[16], b[16];
-    char *argv[] = {"0", a, b, NULL};
-    int sv[2];
-    pid_t pid;
-
-    snprintf(a, sizeof a, "%d", first);
-    snprintf(b, sizeof b, "%d", count);
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    pid = tu_spawn("consumer_child", argv, sv[1]);
-    assert_true(pid > 0);
-    close(sv[1]);
-    *sock = sv[0];
-    return pid;
-}
-
-static void send_msg(int sock, uint32_t i, const vmmt_desc *d, uint32_t pad)
-{
-    struct tu_msg m;
-
-    memset(&m, 0, sizeof m);
-    m.index = i;
-    m.pad = pad;
-    if (d) memcpy(m.desc, d->bytes, sizeof m.desc);
-    assert_int_equal(write(sock, &m, sizeof m), sizeof m);
-}
-
-static int32_t reply(int sock, uint32_t i)
-{
-    struct tu_reply r;
-    struct timeval tv = {20, 0};
-
-    assert_int_equal(setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
-    assert_int_equal(read(sock, &r, sizeof r), sizeof r);
-    assert_int_equal(r.index, i);
-    return r.status;
-}
-
-static void kill_reap(pid_t pid)
-{
-    int status;
-
-    assert_int_equal(kill(pid, SIGKILL), 0);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-}
-
-static void end_child(int sock, pid_t pid)
-{
-    send_msg(sock, UINT32_MAX, NULL, 0);
-    tu_wait(pid, 10000);
-    close(sock);
-}
-
-static int wait_links(struct fixture *f, uint32_t links, int ms)
-{
-    for (int i = 0; i < ms / 2 && stats(f->pool).consumer_links != links; i++)
-        sleep_ms(2);
-    return stats(f->pool).consumer_links == links;
-}
-
-static uint32_t in_flight_settled(struct fixture *f)
-{
-    sleep_ms(30);
-    assert_vmmt_ok(vmmt_pool_reclaim(f->pool, NULL));
-    return stats(f->pool).in_flight;
 }
 
 /* Wait (at most 5 s) until the pool's in-flight count is `want`. */
