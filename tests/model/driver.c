@@ -581,6 +581,7 @@ static void add_copy(int s, int rec, int member, int expect, unsigned ranks)
     c->expect = expect;
     c->ranks = ranks;
     c->at = M.clock;
+    c->ctx = st->ctx;
 }
 
 /*
@@ -600,10 +601,12 @@ static void add_copy(int s, int rec, int member, int expect, unsigned ranks)
  * vmmt_consumer_check may say VMMT_EFAILED for it (docs/design.md, the case
  * not covered; test_attack_outside3).
  */
-static int group_left_open(const struct m_copy *cp, const struct m_rec *r, int s)
+static int group_left_open(const struct m_copy *cp, const struct m_rec *r)
 {
     int done = 0;
-    unsigned ranks = m_prog_ranks(&M, cp->rec, s, &done);
+    /* The import the copy was made in: an evict since (of a group forgotten as stale) makes
+     * the seat another, and the library remembers the failure past it. */
+    unsigned ranks = m_prog_ranks_ctx(&M, cp->rec, cp->ctx, &done);
 
     if (r->members <= 1 || ranks == 0 || done) return 0;
     return r->state != M_LIVE || (r->acked & cp->ranks) != 0;
@@ -1325,7 +1328,7 @@ static int op_check(void)
         R.ctr[CTR_check_released]++;
         return 1;
     }
-    if (rep.status == VMMT_EFAILED && cp->expect == VMMT_OK && group_left_open(cp, r, s)) {
+    if (rep.status == VMMT_EFAILED && cp->expect == VMMT_OK && group_left_open(cp, r)) {
         R.ctr[CTR_check_group_left]++;
         return 1;
     }

@@ -233,11 +233,16 @@ int m_conflicts(const struct model *m, int rec, unsigned R, int s)
     return p != NULL && p->ranks != R;
 }
 
-unsigned m_prog_ranks(const struct model *m, int rec, int s, int *done)
+unsigned m_prog_ranks_ctx(const struct model *m, int rec, uint32_t ctx, int *done)
 {
-    const struct m_prog *p = prog_of(crec(m, rec), m->seat[s].ctx);
+    const struct m_prog *p = prog_of(crec(m, rec), ctx);
     if (done != NULL) *done = p != NULL && p->done;
     return p != NULL ? p->ranks : 0;
+}
+
+unsigned m_prog_ranks(const struct model *m, int rec, int s, int *done)
+{
+    return m_prog_ranks_ctx(m, rec, m->seat[s].ctx, done);
 }
 
 /*

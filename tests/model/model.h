@@ -85,6 +85,7 @@ struct m_copy {
     int expect;     /* the status vmmt_consumer_check must give */
     unsigned ranks; /* the ranks it was copied for */
     uint64_t at;    /* model clock then: a release of one of them after it lets check fail */
+    uint32_t ctx;   /* the seat's process and import then (an evict makes another) */
 };
 
 struct m_seat {
@@ -149,6 +150,8 @@ void m_took(struct model *m, int rec, int member, unsigned R, int s);
 int m_conflicts(const struct model *m, int rec, unsigned R, int s);
 /* The ranks the seat's ctx consumes rec's members for (0: none yet), and whether it is done. */
 unsigned m_prog_ranks(const struct model *m, int rec, int s, int *done);
+/* The same for a process and import `ctx` (one the seat had before an evict, say). */
+unsigned m_prog_ranks_ctx(const struct model *m, int rec, uint32_t ctx, int *done);
 
 /* Forgeries: what F names and how it differs, judged by the contract. */
 struct m_forged {
