@@ -1110,18 +1110,19 @@ static void test_holds_release_one_of_two_device_table(void **state)
     release_one_of_two(*state, 1);
 }
 
+/* stop and calls cross threads: atomics (ThreadSanitizer). */
 struct releaser {
     vmmt_pool *pool;
-    volatile int stop;
+    int stop;
     int calls;
 };
 
 static void *release_loop(void *arg)
 {
     struct releaser *r = arg;
-    while (!r->stop) {
+    while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
         if (vmmt_pool_release_rank(r->pool, 0) != VMMT_OK) break;
-        r->calls++;
+        __atomic_add_fetch(&r->calls, 1, __ATOMIC_RELEASE);
         sleep_ms(1);
     }
     return NULL;
@@ -1146,7 +1147,8 @@ static void test_holds_release_rank_races_consume(void **state)
     vmmt_set_log_level(VMMT_LOG_ERROR); /* each release logs a line */
     assert_int_equal(pthread_create(&t, NULL, release_loop, &r), 0);
     uint32_t n_cons = 0;
-    for (uint32_t i = 0; i < 5000 && (i < 200 || r.calls < 100); i++, n_cons++) {
+    for (uint32_t i = 0; i < 5000 && (i < 200 || __atomic_load_n(&r.calls, __ATOMIC_ACQUIRE) < 100);
+         i++, n_cons++) {
         vmmt_desc d = publish(f, i % 64);
         if (i % 2) sync_s(f->stream);
         int st = consume_at(f->consumer, &d, f->dst, f->stream, 0, 1);
@@ -1156,7 +1158,7 @@ static void test_holds_release_rank_races_consume(void **state)
         other += st != VMMT_OK && st != VMMT_ESTATE;
         if (st == VMMT_OK && !holds(f->stream, f->dst, i % 64)) wrong++;
     }
-    r.stop = 1;
+    __atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
     pthread_join(t, NULL);
     vmmt_set_log_level(VMMT_LOG_WARN);
     print_message("release_rank x%d racing %u consumes: %d OK, %d refused\n", r.calls, n_cons, ok,
