@@ -66,6 +66,19 @@ int vmmt__table_read_words(const struct imported *ip, CUdeviceptr word, uint32_t
     return poll_stream_done(ip, until, timeout_ms, "reading");
 }
 
+/* The slot's ready word into *out; context current, poll_lock held. */
+static int read_ready_locked(struct imported *ip, uint32_t slot, uint32_t stride,
+                             const struct timespec *until, int timeout_ms, uint32_t *out)
+{
+    int st = vmmt__table_open_poll(ip);
+
+    if (st == VMMT_OK)
+        st = vmmt__table_read_words(ip, ip->table + vmmt__ctrl_ready(0, stride, slot), 1, until,
+                                    timeout_ms);
+    if (st == VMMT_OK) *out = ip->poll_word[0];
+    return st;
+}
+
 int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, int timeout_ms,
                            uint32_t *out)
 {
@@ -76,11 +89,7 @@ int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, 
     st = vmmt__ctx_enter(ip->device);
     if (st != VMMT_OK) return st;
     pthread_mutex_lock(&ip->poll_lock);
-    st = vmmt__table_open_poll(ip);
-    if (st == VMMT_OK)
-        st = vmmt__table_read_words(ip, ip->table + vmmt__ctrl_ready(0, stride, slot), 1, &until,
-                                    timeout_ms);
-    if (st == VMMT_OK) *out = ip->poll_word[0];
+    st = read_ready_locked(ip, slot, stride, &until, timeout_ms, out);
     pthread_mutex_unlock(&ip->poll_lock);
     vmmt__ctx_leave();
     return st;
@@ -103,6 +112,7 @@ int vmmt__table_write_acks(struct imported *ip, uint32_t slot, uint32_t stride, 
 {
     const struct vmmt_drv *d = vmmt__drv();
     struct timespec until;
+    uint32_t ready = 0;
     int st;
 
     *written = 0;
@@ -110,11 +120,8 @@ int vmmt__table_write_acks(struct imported *ip, uint32_t slot, uint32_t stride, 
     st = vmmt__ctx_enter(ip->device);
     if (st != VMMT_OK) return st;
     pthread_mutex_lock(&ip->poll_lock);
-    st = vmmt__table_open_poll(ip);
-    if (st == VMMT_OK)
-        st = vmmt__table_read_words(ip, ip->table + vmmt__ctrl_ready(0, stride, slot), 1, &until,
-                                    timeout_ms);
-    if (st == VMMT_OK && ip->poll_word[0] == gen) {
+    st = read_ready_locked(ip, slot, stride, &until, timeout_ms, &ready);
+    if (st == VMMT_OK && ready == gen) {
         for (uint32_t r = first; r < first + count && st == VMMT_OK; r++)
             st = VMMT_CU(d, cuStreamWriteValue32(ip->poll_stream,
                                                  ip->table + vmmt__ctrl_ack(0, stride, slot, r),
