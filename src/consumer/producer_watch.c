@@ -362,19 +362,24 @@ int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
         if (d.slot < ip->geometry.table_slots && ip->slots[d.slot].generation == d.generation &&
             ip->slots[d.slot].failed)
             failed = 1;
-        /* ABANDONED in the table: another consumer found the producer dead before the
-         * bytes landed, whatever this process has seen of the death yet. A device table's
-         * word is read (the model test found check OK there, seed 3006 of 2026-12-02), only
-         * for an occupant this process consumed: the others' checks have nothing to say. */
+        /* ABANDONED in a shared table: another consumer found the producer dead before the
+         * bytes landed, whatever this process has seen of the death yet (a device table's
+         * word, below, is read only for an occupant this process consumed: the model test
+         * found check OK there, seed 3006 of 2026-12-02). */
         if (d.slot < ip->geometry.table_slots && ip->host_table &&
             vmmt__occupant_of(
                 vmmt__ctrl_load(ip->ctrl.host + vmmt__ctrl_ready(0, d.slot_stride, d.slot) / 4),
                 d.generation) == VMMT__OCC_ABANDONED)
             failed = 1;
-        /* A member of a packed group still open here: no acknowledgement will look at the
-         * slot after its copy, so check does: moved on, and the copy may have read the slice's
-         * next buffer (test_attack_outside3, packed_*_under_queued_copy_check). */
-        if (d.slot < ip->geometry.table_slots && !failed && open_member(&ip->slots[d.slot], &d)) {
+        /* The slot's word, read once where this process has something to judge by it: a
+         * device table's ABANDONED (above for a shared table) for an occupant consumed here,
+         * and for a member of a packed group still open here, a slot that moved on (no
+         * acknowledgement will look at the slot after its copy, so check does: the copy may
+         * have read the slice's next buffer; test_attack_outside3,
+         * packed_*_under_queued_copy_check). */
+        int open = d.slot < ip->geometry.table_slots && open_member(&ip->slots[d.slot], &d);
+        if (d.slot < ip->geometry.table_slots && !failed &&
+            (open || (!ip->host_table && ip->slots[d.slot].generation == d.generation))) {
             uint32_t ready = 0;
             if (ip->host_table)
                 ready =
@@ -386,18 +391,8 @@ int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
                 return vmmt__wrap(st, "vmmt_consumer_check: reading the slot's ready word");
             }
             enum vmmt__occupant occ = vmmt__occupant_of(ready, d.generation);
-            if (occ == VMMT__OCC_GONE) failed = overtaken = 1;
             if (occ == VMMT__OCC_ABANDONED) failed = 1;
-        }
-        if (d.slot < ip->geometry.table_slots && !ip->host_table && !failed &&
-            ip->slots[d.slot].generation == d.generation) {
-            uint32_t ready = 0;
-            st = vmmt__table_read_ready(ip, d.slot, d.slot_stride, c->cfg.timeout_ms, &ready);
-            if (st != VMMT_OK) {
-                pthread_mutex_unlock(&c->lock);
-                return vmmt__wrap(st, "vmmt_consumer_check: reading the slot's ready word");
-            }
-            if (vmmt__occupant_of(ready, d.generation) == VMMT__OCC_ABANDONED) failed = 1;
+            if (open && occ == VMMT__OCC_GONE) failed = overtaken = 1;
         }
     }
     pthread_mutex_lock(&c->failed_lock);
