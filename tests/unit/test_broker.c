@@ -1430,6 +1430,24 @@ static void on_dead_gated(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORD
     pthread_mutex_unlock(&g->d.lock);
 }
 
+/* Until the broker's thread is inside the gated callback. */
+static void gate_wait_entered(struct gate *g)
+{
+    pthread_mutex_lock(&g->d.lock);
+    while (g->entered == 0)
+        pthread_cond_wait(&g->cond, &g->d.lock);
+    pthread_mutex_unlock(&g->d.lock);
+}
+
+/* Let the broker's thread out of the callback. */
+static void gate_go(struct gate *g)
+{
+    pthread_mutex_lock(&g->d.lock);
+    g->go = 1;
+    pthread_cond_broadcast(&g->cond);
+    pthread_mutex_unlock(&g->d.lock);
+}
+
 static void wait_live(const struct vmmt__broker *b, int rank)
 {
     uint64_t live[VMMT_BROKER_RANK_WORDS];
@@ -1480,20 +1498,14 @@ static void test_link_death_after_others_announcements(void **state)
     /* Third: a process holding rank 1 that dies; its release holds the broker's thread. */
     char *die[] = {where, (char *)POOL_HEX, "-1", "hold", "1", "1", NULL};
     assert_int_equal(tu_wait(tu_spawn("broker_fetch", die, -1), 10000), 0);
-    pthread_mutex_lock(&g.d.lock);
-    while (g.entered == 0)
-        pthread_cond_wait(&g.cond, &g.d.lock);
-    pthread_mutex_unlock(&g.d.lock);
+    gate_wait_entered(&g);
     assert_int_equal(g.d.ranks[0], 0x2);
 
     /* While it is held: this process announces rank 0, then the first process dies. */
     assert_vmmt_ok(vmmt__broker_link_hold(mine, 0, 1));
     assert_int_equal(kill(first, SIGKILL), 0);
     assert_int_equal(tu_wait(first, 10000), -1);
-    pthread_mutex_lock(&g.d.lock);
-    g.go = 1;
-    pthread_cond_broadcast(&g.cond);
-    pthread_mutex_unlock(&g.d.lock);
+    gate_go(&g);
 
     wait_stat(b, pick_deaths, 2, 5000);
     /* Rank 0 had a live holder when its other holder died: nothing to release. */
@@ -1551,10 +1563,7 @@ static void test_sync_reads_announcements(void **state)
     /* A death holds the broker's thread in its callback. */
     char *die[] = {where, (char *)POOL_HEX, "-1", "hold", "1", "1", NULL};
     assert_int_equal(tu_wait(tu_spawn("broker_fetch", die, -1), 10000), 0);
-    pthread_mutex_lock(&g.d.lock);
-    while (g.entered == 0)
-        pthread_cond_wait(&g.cond, &g.d.lock);
-    pthread_mutex_unlock(&g.d.lock);
+    gate_wait_entered(&g);
 
     assert_vmmt_ok(vmmt__broker_link_hold(mine, 0, 1));
     assert_int_equal(vmmt__broker_sync(b, 50), VMMT_ETIMEDOUT);
@@ -1562,10 +1571,7 @@ static void test_sync_reads_announcements(void **state)
     call.b = b;
     assert_int_equal(pthread_create(&t, NULL, sync_thread, &call), 0);
     usleep(20000);
-    pthread_mutex_lock(&g.d.lock);
-    g.go = 1;
-    pthread_cond_broadcast(&g.cond);
-    pthread_mutex_unlock(&g.d.lock);
+    gate_go(&g);
     assert_int_equal(pthread_join(t, NULL), 0);
     assert_vmmt_ok(call.st);
     assert_int_equal(call.live[0], 0x1);
