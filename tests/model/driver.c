@@ -90,6 +90,8 @@ static const char *const kind_names[K_COUNT] = {"host_table", "device_table", "s
     X(check_failed, "checks VMMT_EFAILED after a producer died mid-copy", 2)                       \
     X(check_released, "checks VMMT_EFAILED after a rank of the copy was released", 0)              \
     X(check_group_left, "checks VMMT_EFAILED of a member of a group left open", 0)                 \
+    X(unseen_ok, "OKs before another process's ack showed (device table)", 0)                      \
+    X(check_unseen, "checks VMMT_EFAILED of such a copy", 0)                                       \
     X(evict_ok, "evictions", 1)                                                                    \
     X(evict_refused, "evictions refused (copy queued or group half consumed)", 1)                  \
     X(consumer_kill, "consumers killed and restarted", 1)                                          \
@@ -572,7 +574,7 @@ static int pool_known(void)
 static void recover_seat(int s);
 static void diagnose_stuck(void);
 
-static void add_copy(int s, int rec, int member, int expect, unsigned ranks)
+static struct m_copy *add_copy(int s, int rec, int member, int expect, unsigned ranks)
 {
     struct m_seat *st = &M.seat[s];
     struct m_copy *c = &st->copies[st->ncopies < M_COPIES ? st->ncopies++ : (int)below(M_COPIES)];
@@ -582,6 +584,8 @@ static void add_copy(int s, int rec, int member, int expect, unsigned ranks)
     c->ranks = ranks;
     c->at = M.clock;
     c->ctx = st->ctx;
+    c->unseen = 0;
+    return c;
 }
 
 /*
@@ -703,8 +707,9 @@ static int real_call(int s, int rec, int member, unsigned Rm, int ack, int flags
                     "are not the producer's",
                     what, r->uid[member], st_name(rep.status2));
         if (r->landed) R.ctr[CTR_check_ok]++;
-        add_copy(s, rec, member, r->landed ? VMMT_OK : VMMT_EFAILED, Rm);
+        add_copy(s, rec, member, r->landed ? VMMT_OK : VMMT_EFAILED, Rm)->unseen = v.unseen;
     }
+    if (v.unseen) R.ctr[CTR_unseen_ok]++;
     if (ended)
         R.ctr[CTR_after_end_ok]++;
     else if (ack)
@@ -1336,6 +1341,10 @@ static int op_check(void)
     call(&R.cons[s], &c);
     if (rep.status == VMMT_EFAILED && cp->expect == VMMT_OK && released_since(cp, r)) {
         R.ctr[CTR_check_released]++;
+        return 1;
+    }
+    if (rep.status == VMMT_EFAILED && cp->expect == VMMT_OK && cp->unseen) {
+        R.ctr[CTR_check_unseen]++;
         return 1;
     }
     if (rep.status == VMMT_EFAILED && cp->expect == VMMT_OK && group_left_open(cp, r, s)) {

@@ -8,7 +8,11 @@
  *   R may be OK only while D is LIVE and no rank of R acknowledged it, in
  *   any process; while that holds and the pool is open it MUST be OK
  *   (VMMT_ETIMEDOUT aside). A packed group is acknowledged for R when the
- *   last of its members was consumed for R in one process. A forgery may be
+ *   last of its members was consumed for R in one process. On a device
+ *   table (no TAKEN words, one process per rank its rule) a consumer's
+ *   acknowledgement shows to other processes a moment after its stream
+ *   passes it, so there another process of R may also be OK until the
+ *   slot is handed out again (judge, "unseen"). A forgery may be
  *   OK only when it names a LIVE, unacknowledged (pool, slot, generation),
  *   never with a changed table geometry, never ahead of the slot.
  *
@@ -254,7 +258,7 @@ static struct m_verdict judge(const struct model *m, const struct m_rec *r, int 
 {
     const struct m_inst *in = &m->inst[r->inst];
     const struct m_prog *p = prog_of(r, m->seat[s].ctx);
-    struct m_verdict v = {0, "", -1};
+    struct m_verdict v = {0, "", -1, 0};
     unsigned refusals = M_A(VMMT_ESTATE);
     int unacked = r->state == M_LIVE && (r->acked & R) == 0;
     int twice = p != NULL && (p->members & (1u << member));
@@ -278,6 +282,21 @@ static struct m_verdict judge(const struct model *m, const struct m_rec *r, int 
                         : "the pool ended and the ranks acknowledged it: refused";
         return v;
     }
+    /* A device table's acknowledgement is written by the acknowledging process's thread
+     * once its copy's event completed and a read showed the slot still LIVE
+     * (src/consumer/device_table.c), not by the copy's stream: a moment after that stream
+     * was synchronized, another process of the same rank may not see it yet. Until the slot
+     * is handed out again (the producer then saw it) that process may be OK too; its bytes
+     * are checked as any consume's. */
+    if (!in->shared_table && !twice && !taken && (r->acked & R) != 0 &&
+        (r->state == M_LIVE || (r->state == M_DONE && in->slot_gen[r->slot] == r->gen))) {
+        int others = 1;
+        for (int k = 0; k < MT_MAX_RANKS; k++)
+            if ((R & r->acked & (1u << k)) &&
+                (r->acked_ctx[k] == 0 || r->acked_ctx[k] == m->seat[s].ctx))
+                others = 0;
+        v.unseen = others;
+    }
     if (r->state == M_CANCELLED) {
         v.allow = refusals;
         v.why = "cancelled: refused (VMMT_ESTATE)";
@@ -286,6 +305,11 @@ static struct m_verdict judge(const struct model *m, const struct m_rec *r, int 
         v.why = r->state == M_DONE
                     ? "every rank acknowledged it (recycled): refused (VMMT_ESTATE)"
                     : "already acknowledged by a rank of these: refused (VMMT_ESTATE)";
+        if (v.unseen) {
+            v.allow |= M_A(VMMT_OK) | M_A(VMMT_ETIMEDOUT);
+            v.why = "a device table, acknowledged by these ranks in another process a moment "
+                    "ago: refused (VMMT_ESTATE), or OK while the row does not show it yet";
+        }
     } else if (twice) {
         v.allow = refusals;
         v.why = "this member was consumed already in this process: refused (VMMT_ESTATE)";
@@ -306,6 +330,14 @@ struct m_verdict m_judge(const struct model *m, int rec, int member, unsigned R,
     return judge(m, crec(m, rec), member, R, s, 0);
 }
 
+/* Ranks R acknowledge r, through process ctx (0: the producer's side); the first one counts. */
+static void acked_by(struct m_rec *r, unsigned R, uint32_t ctx)
+{
+    for (int k = 0; k < MT_MAX_RANKS; k++)
+        if ((R & (1u << k)) && !(r->acked & (1u << k))) r->acked_ctx[k] = ctx;
+    r->acked |= R;
+}
+
 void m_took(struct model *m, int rec, int member, unsigned R, int s)
 {
     struct m_rec *r = m_rec(m, rec);
@@ -316,7 +348,7 @@ void m_took(struct model *m, int rec, int member, unsigned R, int s)
     st->touched = 1;
     r->handed = 1;
     if (r->members == 1) {
-        r->acked |= R;
+        acked_by(r, R, st->ctx);
     } else {
         if (p == NULL && r->nprog < M_PROG) {
             p = &r->prog[r->nprog++];
@@ -325,13 +357,13 @@ void m_took(struct model *m, int rec, int member, unsigned R, int s)
             p->members = 0;
         }
         if (p == NULL) { /* more half-consumers than tracked: count it done */
-            r->acked |= R;
+            acked_by(r, R, 0);
         } else {
             p->members |= 1u << member;
             /* Kept when done: this process has consumed the group's members, and
              * consuming them again for other ranks is a case the driver avoids. */
             if (p->members == (1u << r->members) - 1) {
-                r->acked |= p->ranks;
+                acked_by(r, p->ranks, st->ctx);
                 p->done = 1;
             }
         }
@@ -365,7 +397,7 @@ int m_forged_ahead(const struct model *m, const struct m_forged *f)
 struct m_verdict m_judge_forged(const struct model *m, const struct m_forged *f, unsigned R, int s)
 {
     const struct m_inst *in;
-    struct m_verdict v = {0, "", -1};
+    struct m_verdict v = {0, "", -1, 0};
     unsigned refusals = M_A(VMMT_ESTATE) | M_A(VMMT_EPROTO) | M_A(VMMT_EINVAL) | M_A(VMMT_ESYS) |
                         M_A(VMMT_EPERM) | M_A(VMMT_ETIMEDOUT) | M_A(VMMT_ECUDA) |
                         M_A(VMMT_ECLOSED) | M_A(VMMT_EFAILED) | M_A(VMMT_ENOTSUP);
@@ -404,7 +436,7 @@ void m_took_forged(struct model *m, const struct m_forged *f, int named, unsigne
     }
     /* Another group shape: the contract counts it as the ranks' acknowledgement. */
     if (r->inst == m->cur && m->inst[m->cur].ended == M_OPEN) m_hold(m, s, R);
-    r->acked |= R;
+    acked_by(r, R, m->seat[s].ctx);
     maybe_done(m, r);
 }
 
@@ -416,6 +448,7 @@ void m_release(struct model *m, int rank)
         if (in->slot_rec[s] < 0) continue;
         struct m_rec *r = m_rec(m, in->slot_rec[s]);
         r->acked |= 1u << rank;
+        r->acked_ctx[rank] = 0; /* the producer wrote it: every process sees it */
         maybe_done(m, r);
     }
 }

@@ -48,10 +48,13 @@ struct m_rec {
     uint64_t uid[MT_MAX_MEMBERS], nbytes[MT_MAX_MEMBERS];
     vmmt_desc desc[MT_MAX_MEMBERS];
     int state;
-    int landed;       /* its bytes are in the slice (a gated publish: not until the gate opens) */
-    int handed;       /* some consumer was given it (or a forgery naming it): no cancel */
-    int gated;        /* published behind a gate (for reports) */
-    unsigned acked;   /* ranks that acknowledged it (or were released) */
+    int landed;     /* its bytes are in the slice (a gated publish: not until the gate opens) */
+    int handed;     /* some consumer was given it (or a forgery naming it): no cancel */
+    int gated;      /* published behind a gate (for reports) */
+    unsigned acked; /* ranks that acknowledged it (or were released) */
+    /* The consumer process (seat ctx) whose consume or acknowledgement acknowledged each rank;
+     * 0 when the producer's side did (a release) or no one yet. */
+    uint32_t acked_ctx[MT_MAX_RANKS];
     unsigned dropped; /* ranks the engine will not consume it for (acknowledged at quiescence) */
     struct m_prog prog[M_PROG];
     int nprog;
@@ -86,6 +89,8 @@ struct m_copy {
     unsigned ranks; /* the ranks it was copied for */
     uint64_t at;    /* model clock then: a release of one of them after it lets check fail */
     uint32_t ctx;   /* the seat's process and import then (an evict makes another) */
+    int unseen;     /* OK only because another process's acknowledgement did not show yet
+                     * (a device table): its own acknowledgement may find the slot moved on */
 };
 
 struct m_seat {
@@ -118,7 +123,8 @@ struct model {
 struct m_verdict {
     unsigned allow;
     const char *why;
-    int named; /* forgeries: the record they name (-1 none) */
+    int named;  /* forgeries: the record they name (-1 none) */
+    int unseen; /* an OK allowed only because another process's acknowledgement may not show yet */
 };
 
 void m_init(struct model *m, int strict_end);
