@@ -158,15 +158,52 @@ int vmmtpy_desc_arg(PyObject *o, vmmt_desc *d)
     return 0;
 }
 
-static PyObject *desc_type, *bytes_new;
+static PyObject *desc_type, *bytes_new, *fields_name;
 
+/* A decoded descriptor as the tuple Descriptor._field reads (vmmt/__init__.py). */
+static PyObject *desc_fields(const vmmt_desc_info *i)
+{
+    PyObject *shape = PyTuple_New(i->ndim);
+
+    if (shape == NULL) return NULL;
+    for (int k = 0; k < i->ndim; k++) {
+        PyObject *v = PyLong_FromLongLong(i->shape[k]);
+        if (v == NULL) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        PyTuple_SetItem(shape, k, v); /* steals v; cannot fail on a new tuple */
+    }
+    return Py_BuildValue("(y#siiIIK(iii)Niii)", (const char *)i->pool_id, (Py_ssize_t)16,
+                         vmmt_handle_type_name(i->handle_type), i->producer_device,
+                         i->consumer_count, i->slot, i->generation, (unsigned long long)i->nbytes,
+                         (int)i->dtype.code, (int)i->dtype.bits, (int)i->dtype.lanes, shape,
+                         i->stream_ordered, i->pack_index, i->pack_count);
+}
+
+/*
+ * A Descriptor of what the library just wrote, its fields decoded here: the
+ * caller of a publish reads several of them at once (an engine tracks the
+ * slot, sglang's proxy keeps size and count), and decoding them in Python
+ * later costs a microsecond and a half.
+ */
 PyObject *vmmtpy_desc_new(const uint8_t *bytes)
 {
-    PyObject *raw = PyBytes_FromStringAndSize((const char *)bytes, VMMT_DESC_SIZE), *out;
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)bytes, VMMT_DESC_SIZE), *out, *fields;
+    vmmt_desc d;
+    vmmt_desc_info info;
 
     if (raw == NULL || desc_type == NULL) return raw;
     out = PyObject_CallFunctionObjArgs(bytes_new, desc_type, raw, NULL);
     Py_DECREF(raw);
+    memcpy(d.bytes, bytes, VMMT_DESC_SIZE);
+    if (out == NULL || vmmt_desc_inspect(&d, &info) != VMMT_OK) return out;
+    if ((fields = desc_fields(&info)) == NULL || PyObject_SetAttr(out, fields_name, fields) != 0) {
+        Py_XDECREF(fields);
+        Py_DECREF(out);
+        return NULL;
+    }
+    Py_DECREF(fields);
     return out;
 }
 
@@ -180,6 +217,8 @@ static PyObject *py_set_descriptor_type(PyObject *self, PyObject *cls)
     if (bytes_new == NULL &&
         (bytes_new = PyObject_GetAttrString((PyObject *)&PyBytes_Type, "__new__")) == NULL)
         return NULL;
+    if (fields_name == NULL && (fields_name = PyUnicode_InternFromString("_fields")) == NULL)
+        return NULL;
     Py_INCREF(cls);
     Py_XDECREF(desc_type);
     desc_type = cls;
@@ -191,25 +230,14 @@ static PyObject *py_desc_inspect(PyObject *self, PyObject *arg)
 {
     vmmt_desc d;
     vmmt_desc_info i;
-    PyObject *shape;
-    int st;
 
     (void)self;
     if (vmmtpy_desc_arg(arg, &d) != 0) return NULL;
-    st = vmmt_desc_inspect(&d, &i);
-    if (st != VMMT_OK) {
+    if (vmmt_desc_inspect(&d, &i) != VMMT_OK) {
         PyErr_SetString(PyExc_ValueError, vmmt_last_error());
         return NULL;
     }
-    shape = PyTuple_New(i.ndim);
-    if (shape == NULL) return NULL;
-    for (int k = 0; k < i.ndim; k++)
-        PyTuple_SetItem(shape, k, PyLong_FromLongLong(i.shape[k]));
-    return Py_BuildValue("(y#siiIIK(iii)Niii)", (const char *)i.pool_id, (Py_ssize_t)16,
-                         vmmt_handle_type_name(i.handle_type), i.producer_device, i.consumer_count,
-                         i.slot, i.generation, (unsigned long long)i.nbytes, (int)i.dtype.code,
-                         (int)i.dtype.bits, (int)i.dtype.lanes, shape, i.stream_ordered,
-                         i.pack_index, i.pack_count);
+    return desc_fields(&i);
 }
 
 /* desc_check(bytes): validate like desc_inspect, without building its tuple (unpickling). */

@@ -8,9 +8,9 @@ checks and errors, the FABRIC-then-POSIX_FD choice, wrap_tensor's fallback to
 the CPU when no slice fits, packed publishes, cancel, and a shutdown that
 waits, boundedly, for publishers still inside a wrap.
 """
-import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -114,14 +114,15 @@ class CudaVmmMemoryPool:
         self._recycle_interval = float(recycle_interval)
         self._timeout_ms = int(timeout_ms)
         self._lock = threading.Lock()
-        self._publisher_condition = threading.Condition(self._lock)
         self._shutdown_lock = threading.Lock()
-        self._active_publishers = 0
+        # One entry per thread inside a publish: list.append and list.pop are
+        # atomic under the GIL, so a wrap takes no lock (shutdown polls it).
+        self._publishers = []
         self._closing = False
         self._closed = False
         self._pool_full_warned = False
         self._pool_error = None
-        self._live = {}  # control slot -> _CudaVmmMemoryChunk of this pool's publishes
+        self._live = {}  # control slot -> Descriptor of this pool's last publish there
         self._pool = None
         self._fd_broker = None
         self._publish_stream = None
@@ -208,6 +209,9 @@ class CudaVmmMemoryPool:
             raise
         self._pool, self.allocation_size, self._pool_id = pool, allocation_size, pool_id
         self.posix_socket_path = None if self.use_fabric else "vmmt-broker:" + pool_id.hex()
+        # What every proxy of this pool names (CudaVmmTensorTransportProxy._published).
+        self._proxy_names = (pool_id if self.use_fabric else None, self.posix_socket_path,
+                             allocation_size)
         logger.info("vmmt.sglang: %s pool of %d bytes, %s handles, on device %d", self.pool_kind,
                     allocation_size, name.upper(), self.device_index)
 
@@ -248,7 +252,7 @@ class CudaVmmMemoryPool:
         entry per control slot, dropped once the library has recycled it."""
         with self._lock:
             self._prune()
-            return list(self._live.values())
+            return [_CudaVmmMemoryChunk(slot, slot + 1, desc) for slot, desc in self._live.items()]
 
     @property
     def available_chunks(self):
@@ -267,8 +271,9 @@ class CudaVmmMemoryPool:
             self._live.clear()
 
     def _track(self, desc):
-        with self._lock:
-            self._live[desc.slot] = _CudaVmmMemoryChunk(desc.slot, desc.slot + 1, desc)
+        # No lock: a dict's item assignment is atomic under the GIL, and
+        # _prune's clear (under the lock) only drops entries of recycled slots.
+        self._live[desc.slot] = desc
 
     def _recycle_chunks(self):
         """Recycle every acknowledged slice now (the library's recycler also
@@ -288,20 +293,14 @@ class CudaVmmMemoryPool:
             raise RuntimeError("CUDA VMM multimodal pool failed: %s" % self._pool_error) \
                 from self._pool_error
 
-    @contextlib.contextmanager
-    def _publishing(self):
-        with self._publisher_condition:
+    def _enter_publish(self):
+        """Count this thread as a publisher (shutdown waits for it), unless the
+        pool is closing or failed. The caller pops self._publishers after."""
+        self._publishers.append(None)
+        if self._closing or self._closed or self._pool_error is not None:
+            self._publishers.pop()
             self._raise_if_failed()
-            if self._closing or self._closed:
-                raise RuntimeError("CUDA VMM multimodal pool is closing")
-            self._active_publishers += 1
-        try:
-            yield
-        finally:
-            with self._publisher_condition:
-                self._active_publishers -= 1
-                if self._active_publishers == 0:
-                    self._publisher_condition.notify_all()
+            raise RuntimeError("CUDA VMM multimodal pool is closing")
 
     def _checked(self, tensors):
         lib = None
@@ -317,12 +316,11 @@ class CudaVmmMemoryPool:
             lib = kind
         return lib, [arrays.contiguous(t) for t in tensors]
 
-    def _publish(self, tensors):
+    def _publish(self, tensors, on_device):
         """Descriptors, or None when no slice fits. Device sources are copied
         on the caller's current stream and not waited for (the pool keeps
         them alive until their copy has run); host sources on the publish
         stream, which is synchronized, so the caller may reuse them at once."""
-        on_device = all(arrays.is_device(t) for t in tensors)
         stream = None
         if not on_device:
             stream = self._publish_stream.handle
@@ -353,18 +351,29 @@ class CudaVmmMemoryPool:
     def wrap_tensor(self, tensor):
         """A picklable proxy of `tensor` in the pool, or the tensor in host
         memory (tensor.cpu()) when no slice fits, now or ever (warned once)."""
-        self._raise_if_failed()
-        lib, (tensor,) = self._checked([tensor])
-        with self._publishing():
-            descs = self._publish([tensor])
+        # sglang's tokenizer calls this for every feature, on its event loop:
+        # a CUDA tensor goes to vmmt.Pool.publish, which checks it in C, with
+        # no lock taken here and the proxy made without a second validation
+        # of the descriptor the library just wrote (BENCHMARKS.md, "From
+        # sglang": each step below costs 0.1-1 us of Python).
+        torch = sys.modules.get("torch")
+        if torch is not None and type(tensor) is torch.Tensor and tensor.is_cuda and \
+                tensor.is_contiguous():
+            lib, on_device = arrays.TORCH, True
+        else:
+            lib, (tensor,) = self._checked([tensor])
+            on_device = arrays.is_device(tensor)
+        self._enter_publish()
+        try:
+            descs = self._publish([tensor], on_device)
+        finally:
+            self._publishers.pop()
         if descs is None:
             self._warn_pool_full_once(arrays.nbytes(tensor))
             return arrays.to_cpu(tensor)
-        self._track(descs[0])
-        return CudaVmmTensorTransportProxy(
-            descriptor=descs[0], fabric_handle=self.fabric_handle,
-            posix_socket_path=self.posix_socket_path, allocation_size=self.allocation_size,
-            shape=tuple(tensor.shape), dtype=tensor.dtype, library=lib)
+        desc = descs[0]
+        self._track(desc)
+        return CudaVmmTensorTransportProxy._published(desc, self._proxy_names, tensor.dtype, lib)
 
     def wrap_tensors(self, tensors):
         """One packed proxy per tensor, all in one slice; None when no slice
@@ -377,8 +386,11 @@ class CudaVmmMemoryPool:
         lib, tensors = self._checked(tensors)
         if len(tensors) > _MAX_PACK:
             return None
-        with self._publishing():
-            descs = self._publish(tensors)
+        self._enter_publish()
+        try:
+            descs = self._publish(tensors, all(arrays.is_device(t) for t in tensors))
+        finally:
+            self._publishers.pop()
         if descs is None:
             return None
         self._track(descs[0])
@@ -399,17 +411,16 @@ class CudaVmmMemoryPool:
         self._pool.cancel(desc)
         self._pool.reclaim()
         with self._lock:
-            chunk = self._live.get(desc.slot)
-            if chunk is not None and chunk.descriptor.generation == desc.generation:
+            live = self._live.get(desc.slot)
+            if live is not None and live.generation == desc.generation:
                 del self._live[desc.slot]
 
     def _cancel_control_offset(self, control_offset):
-        with self._lock:
-            chunk = self._live.get(control_offset)
-        if chunk is None:
+        live = self._live.get(control_offset)
+        if live is None:
             raise RuntimeError("CUDA VMM pool has no occupied slice at control offset %s"
                                % (control_offset,))
-        self._cancel_descriptor(chunk.descriptor)
+        self._cancel_descriptor(live)
 
     def cancel_proxy(self, proxy):
         """Take back the slice of a proxy whose request was never dispatched
@@ -443,16 +454,17 @@ class CudaVmmMemoryPool:
         with self._shutdown_lock:
             if self._closed:
                 return
-            with self._publisher_condition:
-                self._closing = True
-                while self._active_publishers:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise RuntimeError(
-                            "CUDA VMM pool shutdown: %d publisher(s) still inside wrap_tensor "
-                            "after %.0f ms; the pool takes no new wraps; call shutdown() again "
-                            "once they return" % (self._active_publishers, timeout * 1000))
-                    self._publisher_condition.wait(left)
+            self._closing = True
+            # Publishers hold no lock (_enter_publish): poll for the last one
+            # to leave, each wait short, the whole bounded by the timeout.
+            while self._publishers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(
+                        "CUDA VMM pool shutdown: %d publisher(s) still inside wrap_tensor "
+                        "after %.0f ms; the pool takes no new wraps; call shutdown() again "
+                        "once they return" % (len(self._publishers), timeout * 1000))
+                time.sleep(min(left, 0.0005))
             if self._fd_broker is not None:
                 self._fd_broker.close()
                 self._fd_broker = None

@@ -119,10 +119,18 @@ def _ack(desc, runs, device=None):
 class CudaVmmTensorTransportProxy(_Base):
     """One published tensor (sglang's name); picklable."""
 
+    # A fresh proxy's state (_fresh), as class attributes: wrap_tensor's proxy
+    # (_published) then sets only what is its own.
+    data_offset = 0
+    reconstruct_tensor = None
+    _device = None
+    _consumer_acknowledged = False
+
     def __init__(self, *, descriptor=None, fabric_handle=None, posix_socket_path=None,
                  allocation_size=0, data_offset=0, data_nbytes=None, control_offset=None,
                  consumer_count=None, shape=None, dtype=None, library=arrays.NUMPY):
-        desc = descriptor if descriptor is None else vmmt.Descriptor(descriptor)
+        desc = descriptor if descriptor is None or type(descriptor) is vmmt.Descriptor \
+            else vmmt.Descriptor(descriptor)
         self._desc = desc
         self._lib = library
         self.fabric_handle = fabric_handle
@@ -138,6 +146,18 @@ class CudaVmmTensorTransportProxy(_Base):
         self.dtype = arrays.dtype_of(desc.dtype, library) if dtype is None and \
             desc is not None else dtype
         self._fresh()
+
+    @classmethod
+    def _published(cls, desc, names, dtype, library):
+        """wrap_tensor's proxy of `desc`, which the library has just written
+        (its fields decoded already): `names` is the pool's (fabric_handle,
+        posix_socket_path, allocation_size)."""
+        self = cls.__new__(cls)
+        self._desc, self._lib = desc, library
+        self.fabric_handle, self.posix_socket_path, self.allocation_size = names
+        self.data_nbytes, self.control_offset = desc.nbytes, desc.slot
+        self.consumer_count, self.shape, self.dtype = desc.consumer_count, desc.shape, dtype
+        return self
 
     def _fresh(self):
         self.reconstruct_tensor = None
