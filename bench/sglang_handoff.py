@@ -96,9 +96,16 @@ def rank(conn, kind, device):
             be.copy(bufs[n][1], bufs[n][0])
             be.sync()
         else:
+            # The rank's parts, sent back with the answer: unpickle and
+            # reconstruct (until the call returns), then the synchronize.
+            t0 = time.perf_counter_ns()
             t = pickle.loads(msg).reconstruct_on_target_device(device, consumer_count=1)
+            t1 = time.perf_counter_ns()
             be.sync()
+            t2 = time.perf_counter_ns()
             del t
+            conn.send_bytes(b"k %d %d" % (t1 - t0, t2 - t1))
+            continue
         conn.send_bytes(b"k")
     vs._imported_pool_cache_clear()
 
@@ -106,7 +113,7 @@ def rank(conn, kind, device):
 def wait_answer(conn):
     while not conn.poll(0):
         pass
-    conn.recv_bytes()
+    return conn.recv_bytes()
 
 
 def run_size(be, conn, pools, nbytes, iters, block):
@@ -116,6 +123,9 @@ def run_size(be, conn, pools, nbytes, iters, block):
     fsrc, fdst = src_dev, be.tensor(nbytes, 0, True)
     t = {m: [] for m in POOLS + ("floor",)}
     recycle = {m: [] for m in POOLS}
+    # Where a round trip's time goes: wrap_tensor, the rank's reconstruct and
+    # its synchronize (the rest is pickle, the pipe both ways and the poll).
+    parts = {m: {"wrap": [], "reconstruct": [], "sync": []} for m in POOLS}
     floor_msg = b"floor %d" % nbytes
     for rnd in range(iters // block + 1):  # blocks alternate; the first warms up
         for mode in POOLS + ("floor",):
@@ -126,8 +136,11 @@ def run_size(be, conn, pools, nbytes, iters, block):
                     be.sync()
                     conn.send_bytes(floor_msg)
                 else:
-                    conn.send_bytes(pickle.dumps(pools[mode].wrap_tensor(srcs[mode])))
-                wait_answer(conn)
+                    proxy = pools[mode].wrap_tensor(srcs[mode])
+                    tw = clock()
+                    conn.send_bytes(pickle.dumps(proxy))
+                    del proxy
+                answer = wait_answer(conn)
                 t1 = clock()
                 if mode != "floor":
                     pool = pools[mode]._pool
@@ -138,31 +151,46 @@ def run_size(be, conn, pools, nbytes, iters, block):
                     t[mode].append(t1 - t0)
                     if mode != "floor":
                         recycle[mode].append(t2 - t1)
+                        _, recon, sync = answer.split()
+                        parts[mode]["wrap"].append(tw - t0)
+                        parts[mode]["reconstruct"].append(int(recon))
+                        parts[mode]["sync"].append(int(sync))
     row = {"nbytes": nbytes, "floor": summary(t["floor"])}
     for mode in POOLS:
         row[mode] = summary(t[mode])
         row[mode]["recycle"] = summary(recycle[mode])
+        row[mode]["parts"] = {k: summary(v) for k, v in parts[mode].items()}
         row[mode]["p50_vs_floor"] = row[mode]["p50_us"] / row["floor"]["p50_us"]
         row[mode]["p99_vs_own_p50"] = row[mode]["p99_us"] / row[mode]["p50_us"]
     return row
 
 
 def wrap_alone(be, pool, n):
-    """wrap_tensor's time on the caller's thread, 4 KiB from device memory."""
+    """wrap_tensor's time on the caller's thread, 4 KiB from device memory;
+    and, interleaved batch by batch, vmmt.Pool.publish of the same tensor (the
+    binding alone: what the adapter adds is the difference)."""
     clock = time.perf_counter_ns
     src = be.tensor(4 * KiB, 5, True)
-    times = []
-    for b in range(6):
-        proxies = []
+    times = {"wrap_tensor": [], "publish": []}
+    for b in range(12):
+        mode = "wrap_tensor" if b % 2 == 0 else "publish"
+        made = []
         for _ in range(n):
             t0 = clock()
-            proxies.append(pool.wrap_tensor(src))
-            if b:  # the first batch warms up
-                times.append(clock() - t0)
+            if mode == "wrap_tensor":
+                made.append(pool.wrap_tensor(src))
+            else:
+                made.append(pool._pool.publish(src))
+            if b >= 2:  # the first two batches warm up
+                times[mode].append(clock() - t0)
         be.sync()
-        for p in proxies:
-            pool.cancel_proxy(p)
-    return summary(times)
+        for m in made:
+            if mode == "wrap_tensor":
+                pool.cancel_proxy(m)
+            else:
+                pool._pool.cancel(m)
+        pool._pool.reclaim()
+    return {k: summary(v) for k, v in times.items()}
 
 
 def main():
@@ -218,8 +246,9 @@ def main():
     print("sglang_handoff: %s, %s; rank on the producer's GPU; polling the pipe"
           % (kind, report.get("device", "emu")))
     w = report["wrap_tensor_4k"]
-    print("  wrap_tensor alone, 4 KiB device source: p50 %.2f us, p99 %.2f us (target < 10)"
-          % (w["p50_us"], w["p99_us"]))
+    print("  wrap_tensor alone, 4 KiB device source: p50 %.2f us, p99 %.2f us (target < 10); "
+          "vmmt.Pool.publish alone p50 %.2f us"
+          % (w["wrap_tensor"]["p50_us"], w["wrap_tensor"]["p99_us"], w["publish"]["p50_us"]))
     print("  round trip, us p50/p99: floor | device pool, x floor, p99/p50 | host pool, "
           "floor / host | recycle p50 device/host (target < 100)")
     for r in report["rows"]:
@@ -228,6 +257,12 @@ def main():
               % (r["nbytes"], f["p50_us"], f["p99_us"], d["p50_us"], d["p99_us"],
                  d["p50_vs_floor"], d["p99_vs_own_p50"], h["p50_us"], h["p99_us"],
                  f["p50_us"] / h["p50_us"], d["recycle"]["p50_us"], h["recycle"]["p50_us"]))
+    print("  parts, us p50: wrap_tensor / the rank's reconstruct / its synchronize")
+    for r in report["rows"]:
+        print("    %8d B  device %s | host %s" % (r["nbytes"], " / ".join(
+            "%.1f" % r["device"]["parts"][k]["p50_us"] for k in ("wrap", "reconstruct", "sync")),
+            " / ".join("%.1f" % r["host"]["parts"][k]["p50_us"]
+                       for k in ("wrap", "reconstruct", "sync"))))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)

@@ -19,3 +19,5 @@ def test_sglang_handoff_bench_smoke(tmp_path):
     rows = json.loads(path.read_text())["rows"]
     assert [r["nbytes"] for r in rows] == [4096, 1 << 20]
     assert all(r[p]["n"] > 0 and r[p]["recycle"]["n"] > 0 for r in rows for p in ("device", "host"))
+    assert all(r[p]["parts"][k]["n"] > 0 for r in rows for p in ("device", "host")
+               for k in ("wrap", "reconstruct", "sync"))
