@@ -293,14 +293,17 @@ class CudaVmmMemoryPool:
             raise RuntimeError("CUDA VMM multimodal pool failed: %s" % self._pool_error) \
                 from self._pool_error
 
-    def _enter_publish(self):
-        """Count this thread as a publisher (shutdown waits for it), unless the
-        pool is closing or failed. The caller pops self._publishers after."""
+    def _publish(self, tensors, on_device):
+        """_publish_now, counted as a publisher (shutdown waits for it), unless
+        the pool is closing or failed."""
         self._publishers.append(None)
-        if self._closing or self._closed or self._pool_error is not None:
+        try:
+            if self._closing or self._closed or self._pool_error is not None:
+                self._raise_if_failed()
+                raise RuntimeError("CUDA VMM multimodal pool is closing")
+            return self._publish_now(tensors, on_device)
+        finally:
             self._publishers.pop()
-            self._raise_if_failed()
-            raise RuntimeError("CUDA VMM multimodal pool is closing")
 
     def _checked(self, tensors):
         lib = None
@@ -316,7 +319,7 @@ class CudaVmmMemoryPool:
             lib = kind
         return lib, [arrays.contiguous(t) for t in tensors]
 
-    def _publish(self, tensors, on_device):
+    def _publish_now(self, tensors, on_device):
         """Descriptors, or None when no slice fits. Device sources are copied
         on the caller's current stream and not waited for (the pool keeps
         them alive until their copy has run); host sources on the publish
@@ -363,11 +366,7 @@ class CudaVmmMemoryPool:
         else:
             lib, (tensor,) = self._checked([tensor])
             on_device = arrays.is_device(tensor)
-        self._enter_publish()
-        try:
-            descs = self._publish([tensor], on_device)
-        finally:
-            self._publishers.pop()
+        descs = self._publish([tensor], on_device)
         if descs is None:
             self._warn_pool_full_once(arrays.nbytes(tensor))
             return arrays.to_cpu(tensor)
@@ -386,11 +385,7 @@ class CudaVmmMemoryPool:
         lib, tensors = self._checked(tensors)
         if len(tensors) > _MAX_PACK:
             return None
-        self._enter_publish()
-        try:
-            descs = self._publish(tensors, all(arrays.is_device(t) for t in tensors))
-        finally:
-            self._publishers.pop()
+        descs = self._publish(tensors, all(arrays.is_device(t) for t in tensors))
         if descs is None:
             return None
         self._track(descs[0])
@@ -455,7 +450,7 @@ class CudaVmmMemoryPool:
             if self._closed:
                 return
             self._closing = True
-            # Publishers hold no lock (_enter_publish): poll for the last one
+            # Publishers hold no lock (_publish): poll for the last one
             # to leave, each wait short, the whole bounded by the timeout.
             while self._publishers:
                 left = deadline - time.monotonic()
