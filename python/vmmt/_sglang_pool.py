@@ -271,9 +271,10 @@ class CudaVmmMemoryPool:
             self._live.clear()
 
     def _track(self, desc):
-        # No lock: a dict's item assignment is atomic under the GIL, and
-        # _prune's clear (under the lock) only drops entries of recycled slots.
-        self._live[desc.slot] = desc
+        # Under the lock: occupied_chunks iterates the dict, and cancel and
+        # prune read before they delete (an outside attack: test_attack_sglang_hot).
+        with self._lock:
+            self._live[desc.slot] = desc
 
     def _recycle_chunks(self):
         """Recycle every acknowledged slice now (the library's recycler also
@@ -411,7 +412,8 @@ class CudaVmmMemoryPool:
                 del self._live[desc.slot]
 
     def _cancel_control_offset(self, control_offset):
-        live = self._live.get(control_offset)
+        with self._lock:
+            live = self._live.get(control_offset)
         if live is None:
             raise RuntimeError("CUDA VMM pool has no occupied slice at control offset %s"
                                % (control_offset,))

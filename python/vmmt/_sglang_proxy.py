@@ -129,8 +129,10 @@ class CudaVmmTensorTransportProxy(_Base):
     def __init__(self, *, descriptor=None, fabric_handle=None, posix_socket_path=None,
                  allocation_size=0, data_offset=0, data_nbytes=None, control_offset=None,
                  consumer_count=None, shape=None, dtype=None, library=arrays.NUMPY):
-        desc = descriptor if descriptor is None or type(descriptor) is vmmt.Descriptor \
-            else vmmt.Descriptor(descriptor)
+        # Always decoded again from the bytes: a caller's Descriptor may carry
+        # altered decoded fields (test_attack_sglang_hot); wrap_tensor's own
+        # proxies are made by _published.
+        desc = descriptor if descriptor is None else vmmt.Descriptor(descriptor)
         self._desc = desc
         self._lib = library
         self.fabric_handle = fabric_handle
