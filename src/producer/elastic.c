@@ -265,10 +265,12 @@ int vmmt__elastic_resolve(void *user, const uint8_t id[16], int fds[VMMT_BROKER_
     return n;
 }
 
-void vmmt__elastic_describe(const struct vmmt_pool *p, struct vmmt__desc *d)
+void vmmt__elastic_describe(const struct vmmt_pool *p, struct vmmt__desc *d, int held)
 {
     if (p->el == NULL) return;
     d->chunk_size = p->el->chunk;
     d->chunk = (uint32_t)(d->offset / p->el->chunk);
-    d->incarnation = p->el->c[d->chunk].incarnation;
+    /* Unheld, the chunk may be given back or made by the recycler meanwhile
+     * (ThreadSanitizer saw that read race with give_back in CI). */
+    d->incarnation = held ? p->el->c[d->chunk].incarnation : 1;
 }

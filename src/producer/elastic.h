@@ -60,7 +60,12 @@ void vmmt__elastic_release(struct vmmt_pool *p);
 void vmmt__elastic_free(struct vmmt_pool *p);
 /* Broker resolver: a resident chunk's fd for its vmmt__chunk_id. */
 int vmmt__elastic_resolve(void *user, const uint8_t id[16], int fds[VMMT_BROKER_MAX_FDS]);
-/* Fill a descriptor's chunk and incarnation for its offset. Lock held or slot held. */
-void vmmt__elastic_describe(const struct vmmt_pool *p, struct vmmt__desc *d);
+/*
+ * Fill a descriptor's chunk and incarnation for its offset. held: the caller
+ * holds the lock or the slice's slot, so the chunk's incarnation cannot
+ * change under the read; otherwise (a record checked before anything is
+ * reserved) no chunk is read, and 1 stands for the incarnation it will have.
+ */
+void vmmt__elastic_describe(const struct vmmt_pool *p, struct vmmt__desc *d, int held);
 
 #endif

@@ -294,10 +294,13 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     return vmmt__wrap(VMMT_EFAILED, "the pool is quarantined");
 }
 
-/* The record of member i in a slice at slice_offset (from the data region) under slot/gen. */
+/*
+ * The record of member i in a slice at slice_offset (from the data region)
+ * under slot/gen; held: the slot is the caller's (vmmt__elastic_describe).
+ */
 static void build(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const uint64_t *rel,
                   size_t i, uint32_t slot, uint32_t gen, uint64_t slice_offset,
-                  uint64_t slice_bytes, struct vmmt__desc *d)
+                  uint64_t slice_bytes, int held, struct vmmt__desc *d)
 {
     *d = p->tmpl;
     d->slot = slot;
@@ -308,7 +311,7 @@ static void build(const struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, 
     if (n > 1) d->flags |= VMMT__DESC_PACKED;
     d->pack_index = (uint16_t)i;
     d->offset = d->slice_offset + rel[i];
-    vmmt__elastic_describe(p, d);
+    vmmt__elastic_describe(p, d, held);
     d->nbytes = bufs[i].nbytes;
     d->dtype_code = bufs[i].dtype.code;
     d->dtype_bits = bufs[i].dtype.bits;
@@ -336,9 +339,8 @@ static int check_records(const struct vmmt_pool *p, const vmmt_buffer *bufs, siz
                           " bytes; publish it another way or create a larger pool",
                           total, p->map.size - p->data_offset);
     for (size_t i = 0; i < n; i++) {
-        build(p, bufs, n, rel, i, 0, VMMT__GEN_FIRST, 0, total, &d);
         /* No chunk is held yet: any incarnation stands for the one it will have. */
-        if (d.chunk_size != 0) d.incarnation = 1;
+        build(p, bufs, n, rel, i, 0, VMMT__GEN_FIRST, 0, total, 0, &d);
         if (vmmt__desc_check(&d, VMMT_EINVAL,
                              "consumers would refuse this descriptor: fix the buffer's dtype "
                              "(lanes >= 1 when bits > 0; code and lanes 0 when bits is 0), "
@@ -355,7 +357,7 @@ static void describe(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, con
     struct vmmt__desc d;
 
     for (size_t i = 0; i < n; i++) {
-        build(p, bufs, n, rel, i, slot, s->generation, s->slice_offset, s->slice_bytes, &d);
+        build(p, bufs, n, rel, i, slot, s->generation, s->slice_offset, s->slice_bytes, 1, &d);
         vmmt__desc_encode(&d, out[i].bytes);
         vmmt__desc_seal(out[i].bytes, p->seal_key);
     }
