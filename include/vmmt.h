@@ -662,22 +662,25 @@ static inline int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_
  * [rank_first, rank_first + rank_count) (rank_first = VMMT_ALL_RANKS: all).
  * The first consume of a pool imports it (broker or FABRIC), maps it and
  * grants `device` access. Stream-ordered pools: the copy waits for the
- * producer's ready flag on `stream`, and the call returns without
- * synchronizing. A failed copy still acknowledges, so the slice is released;
- * the descriptor cannot be consumed again. A wait for the ready flag that
- * failed, or an acknowledgement that could not be queued, acknowledges
- * nothing: the call may be retried. (The acknowledgement itself is written
- * by a thread of the consumer's once the copy has completed, and only while
- * the slot still shows the occupant; a device table's is tried again there
- * if its write fails.) dst must not be 0, and dst + nbytes must
- * not wrap. A descriptor changed in any byte after vmmt_publish returned it,
- * or made by a process that never held the pool, fails its seal:
- * VMMT_EPROTO, nothing imported, copied or written. A descriptor whose slot
- * no longer shows it live (cancelled, recycled, released for dead ranks),
- * or that any of the ranks
- * asked for has already consumed or acknowledged, in this process or any
- * other, is VMMT_ESTATE, and nothing is written; one whose producer died
- * before its bytes landed is VMMT_ECLOSED.
+ * producer's ready flag on `stream` (when the flag is not set yet), and the
+ * call returns without synchronizing; except on a pool whose producer's death
+ * this process cannot see (FABRIC: no broker), whose flag is watched from the
+ * host, at most the consumer's timeout_ms (VMMT_ETIMEDOUT, nothing queued),
+ * so that no stream can wait for ever on a dead producer. A failed copy still
+ * acknowledges, so the slice is released; the descriptor cannot be consumed
+ * again. A wait for the ready flag that failed, or an acknowledgement that
+ * could not be queued, acknowledges nothing: the call may be retried. (The
+ * acknowledgement itself is written by a thread of the consumer's once the
+ * copy has completed, and only while the slot still shows the occupant; a
+ * device table's is tried again there if its write fails.) dst must not be 0,
+ * and dst + nbytes must not wrap. A descriptor changed in any byte after
+ * vmmt_publish returned it, or made by a process that never held the pool,
+ * fails its seal: VMMT_EPROTO, nothing imported, copied or written. A
+ * descriptor whose slot no longer shows it live (cancelled, recycled,
+ * released for dead ranks), or that any of the ranks asked for has already
+ * consumed or acknowledged, in this process or any other, is VMMT_ESTATE, and
+ * nothing is written; one whose producer died before its bytes landed is
+ * VMMT_ECLOSED.
  */
 VMMT_API int vmmt_consume(vmmt_consumer *consumer, const vmmt_desc *desc, int device, uint64_t dst,
                           uint64_t dst_size, void *stream, int rank_first, int rank_count);
@@ -686,8 +689,10 @@ VMMT_API int vmmt_consume(vmmt_consumer *consumer, const vmmt_desc *desc, int de
  * Acknowledge without copying (a dropped request). The acknowledgement is
  * written only once the producer's copy has landed: with a shared host table
  * this call waits for it (at most the consumer's timeout_ms; usually it has
- * landed); with a device table the stream waits. A failure acknowledges
- * nothing, and the call may be retried.
+ * landed); with a device table the stream waits unless the row showed it
+ * landed. A pool whose producer's death this process cannot see (FABRIC)
+ * is waited for on the host, within timeout_ms, as by vmmt_consume. A
+ * failure acknowledges nothing, and the call may be retried.
  */
 VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, int device,
                                void *stream, int rank_first, int rank_count);

@@ -27,6 +27,7 @@ struct request {
     uint32_t first, count; /* ranks */
     int ack_now;           /* this call completes the slot for these ranks */
     int gone;              /* check_occupant found the occupant gone from its slot */
+    int landed;            /* check_occupant found its bytes landed (the ready word held it) */
     uint64_t took[VMMT__MAX_CONSUMERS / 64]; /* ranks whose shared word this call took */
 };
 
@@ -340,6 +341,7 @@ static int check_occupant(vmmt_consumer *c, struct request *rq)
         return vmmt__wrap(st, "reading the control table row of slot %u to check generation %u",
                           rq->d.slot, gen);
     rq->gone = occ != VMMT__OCC_READY && occ != VMMT__OCC_COPYING;
+    rq->landed = occ == VMMT__OCC_READY;
     if (occ == VMMT__OCC_ABANDONED) return not_coming(rq, ready);
     if (occ != VMMT__OCC_READY && !(occ == VMMT__OCC_COPYING && stream_ordered))
         return vmmt__fail(VMMT_ESTATE,
@@ -566,14 +568,18 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
     struct imported *ip = rq->pool;
     struct timespec until, pause = {0, 20000};
     uint32_t gen = rq->d.generation, v = 0;
-    int st = VMMT_OK;
+    int st = VMMT_OK, seen = 0;
 
     vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
     pthread_mutex_lock(&ip->poll_lock);
     st = vmmt__table_open_poll(ip);
     while (st == VMMT_OK) {
         st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, &v);
+        /* A device table's read still running when this wait's deadline
+         * passed: the answer is the flag's (below), not a busy device. */
+        if (st == VMMT_ETIMEDOUT && seen && vmmt__deadline_passed(&until)) st = VMMT_OK;
         if (st != VMMT_OK || v == gen) break;
+        seen = 1;
         st = not_coming(rq, v);
         if (st != VMMT_OK) break;
         if (vmmt__cache_pidfd_exited(ip)) {
@@ -611,12 +617,28 @@ static int registered_table(struct imported *ip)
 }
 
 /*
- * Order the copy (and the acknowledgement) after the producer's copy. With a
- * shared host table the flag is usually set already and a load proves it, so
- * the stream needs no wait; *queued says whether a stream wait was enqueued.
- * (The stream wait is GEQ, the driver's wrap-aware (int32_t)(word - value)
- * >= 0; check_occupant made sure the generation is the ready word's or the
- * next, so it cannot be passed by any other occupant.)
+ * Whether this process learns of ip's producer's death (producer_watch.c):
+ * through its broker link or its pidfd. A FABRIC import has neither (its
+ * producer may be on another node), so nothing of its own would ever end a
+ * stream wait on a ready word its dead producer never wrote.
+ */
+static int death_seen(const struct imported *ip)
+{
+    return ip->link != NULL || ip->pidfd >= 0;
+}
+
+/*
+ * Order the copy (and the acknowledgement) after the producer's copy; *queued
+ * says whether a stream wait was enqueued. Bytes known to have landed need no
+ * wait: a shared host table's flag is usually set already (the descriptor
+ * travelled while the producer's copy ran) and a load proves it; a device
+ * table's row was just read by check_occupant. A pool whose producer's death
+ * this process cannot see is waited for on the host, within the consumer's
+ * timeout, never on the stream: on a GPU such a wait, its producer dead,
+ * would hold the caller's stream for ever (the model test, seed 8002). (The
+ * stream wait is GEQ, the driver's wrap-aware (int32_t)(word - value) >= 0;
+ * check_occupant made sure the generation is the ready word's or the next,
+ * so it cannot be passed by any other occupant.)
  */
 static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s, int *queued)
 {
@@ -627,8 +649,6 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s, in
 
     *queued = 0;
     if (!(rq->d.flags & VMMT__DESC_STREAM_ORDERED)) return VMMT_OK;
-    /* A shared table is read by the CPU: the flag is usually set already (the
-     * descriptor travelled while the producer's copy ran). */
     if (rq->pool->host_table) {
         uint32_t v = vmmt__ctrl_load(host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4);
         if (v == rq->d.generation) return VMMT_OK;
@@ -638,8 +658,13 @@ static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s, in
             return not_coming(rq, v) != VMMT_OK ? vmmt_last_status() : VMMT_ESTATE;
         /* Not yet: let the stream wait, which needs the table registered with
          * the driver; that costs once, so it happens only on first need. */
-        if (registered_table(rq->pool) != VMMT_OK) return host_wait(c, rq, 0);
+        if (!death_seen(rq->pool) || registered_table(rq->pool) != VMMT_OK)
+            return host_wait(c, rq, 0);
         word = rq->pool->ctrl.dev + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
+    } else if (rq->landed) {
+        return VMMT_OK;
+    } else if (!death_seen(rq->pool)) {
+        return host_wait(c, rq, word);
     }
     r = d->cuStreamWaitValue32(s, word, rq->d.generation, CU_STREAM_WAIT_VALUE_GEQ);
     if (r == CUDA_SUCCESS) {

@@ -5,6 +5,7 @@
  * slice had been recycled, consumed twice, or not yet published (issue 16,
  * defects 1, 2 and 4), on both kinds of control table.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "emu.h"
@@ -421,6 +422,57 @@ static void test_check_after_another_consumers_repair_device_table(void **state)
     check_after_another_consumers_repair(*state, 1);
 }
 
+/*
+ * A pool whose producer's death this process cannot learn (FABRIC: no broker
+ * connection, no pidfd) must get no stream wait that only its producer can
+ * end: on a GPU, a producer that died before its copy ran would hold the
+ * caller's stream for ever (the model test, seed 8002 of the by-hand run of
+ * 2026-12-02: a replayed descriptor consumed with OK after its producer was
+ * killed, and the emulator failed the stream after its 10 s). A descriptor
+ * whose bytes have not landed is waited for on the host instead, within the
+ * consumer's timeout; one whose bytes landed needs no wait at all.
+ */
+static void test_fabric_pending_waits_on_host(void **state)
+{
+    const struct vmmt_drv *drv = vmmt__drv();
+    struct fixture *f = *state;
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, N);
+    vmmt_consumer_config cc;
+    vmmt_consumer *k;
+    struct gate g;
+    CUstream s2;
+    vmmt_desc d;
+
+    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
+    setenv("VMMT_EMU_HANDLES", "fabric,posix_fd", 1);
+    vmmt__emu_configure();
+    vmmt_probe_reset();
+    c.handle_type = VMMT_HANDLE_FABRIC;
+    c.handoff = VMMT_HANDOFF_STREAM;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    vmmt_consumer_config_init(&cc);
+    cc.timeout_ms = 200;
+    assert_vmmt_ok(vmmt_consumer_create(&cc, &k));
+    assert_int_equal(drv->cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    put(f, f->src, N, 11);
+    gate_close(&g, f->stream);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d)); /* PENDING behind the gate */
+    assert_int_equal(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
+    assert_error_contains("did not reach generation");
+    /* Nothing was queued on the consumer's stream. */
+    assert_int_equal(drv->cuStreamQuery(s2), CUDA_SUCCESS);
+    gate_open_later(&g, 0);
+    gate_free(&g);
+    sync_stream(f);
+    assert_vmmt_ok(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
+    assert_int_equal(drv->cuStreamSynchronize(s2), CUDA_SUCCESS);
+    expect(f, f->dst, N, 11);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(drv->cuStreamDestroy(s2), CUDA_SUCCESS);
+    vmmt_consumer_destroy(k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -441,6 +493,7 @@ int main(void)
         T(test_failed_wait_gives_word_back),
         T(test_check_after_another_consumers_repair),
         T(test_check_after_another_consumers_repair_device_table),
+        T(test_fabric_pending_waits_on_host),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
