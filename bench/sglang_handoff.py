@@ -37,6 +37,7 @@ import time
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = ((4 * KiB, 1000), (1 * MiB, 400), (64 * MiB, 60))  # bytes, round trips per mode
 POOLS = ("device", "host")
+PARTS = ("wrap", "unpickle", "reconstruct", "sync")
 
 
 class Backend:
@@ -99,24 +100,47 @@ def rank(conn, kind, device):
             # The rank's parts, sent back with the answer: unpickle and
             # reconstruct (until the call returns), then the synchronize.
             t0 = time.perf_counter_ns()
-            t = pickle.loads(msg).reconstruct_on_target_device(device, consumer_count=1)
+            proxy = pickle.loads(msg)
+            tp = time.perf_counter_ns()
+            t = proxy.reconstruct_on_target_device(device, consumer_count=1)
             t1 = time.perf_counter_ns()
+            del proxy
             be.sync()
             t2 = time.perf_counter_ns()
             del t
-            conn.send_bytes(b"k %d %d" % (t1 - t0, t2 - t1))
+            conn.send_bytes(b"k %d %d %d" % (tp - t0, t1 - tp, t2 - t1))
             continue
         conn.send_bytes(b"k")
+    # The rank's buffer cache: a miss is a cuMemAlloc (and later cuMemFree).
+    try:
+        import vmmt._sglang_proxy as proxies
+        hits, misses, _, _ = proxies._consumer().cache_info()
+    except (ImportError, AttributeError):
+        hits = misses = -1
+    conn.send_bytes(b"cache %d %d" % (hits, misses))
     vs._imported_pool_cache_clear()
 
 
-def wait_answer(conn):
+ANSWER_S = 30  # a round trip is microseconds to milliseconds; a rank this late is stuck
+
+
+def wait_answer(conn, proc):
+    """The rank's answer, polled (see the module's comment); an error, not a
+    hang, if the rank died or does not answer."""
+    deadline = time.monotonic() + ANSWER_S
+    spins = 0
     while not conn.poll(0):
-        pass
+        spins += 1
+        if spins % 4096 == 0:
+            if not proc.is_alive():
+                raise RuntimeError("the rank process died (exit code %s); its stderr says why"
+                                   % proc.exitcode)
+            if time.monotonic() > deadline:
+                raise RuntimeError("the rank did not answer within %d s" % ANSWER_S)
     return conn.recv_bytes()
 
 
-def run_size(be, conn, pools, nbytes, iters, block):
+def run_size(be, conn, proc, pools, nbytes, iters, block):
     clock = time.perf_counter_ns
     src_dev = be.tensor(nbytes, 3, True)
     srcs = {"device": src_dev, "host": be.tensor(nbytes, 3, False)}
@@ -125,7 +149,7 @@ def run_size(be, conn, pools, nbytes, iters, block):
     recycle = {m: [] for m in POOLS}
     # Where a round trip's time goes: wrap_tensor, the rank's reconstruct and
     # its synchronize (the rest is pickle, the pipe both ways and the poll).
-    parts = {m: {"wrap": [], "reconstruct": [], "sync": []} for m in POOLS}
+    parts = {m: {k: [] for k in PARTS} for m in POOLS}
     floor_msg = b"floor %d" % nbytes
     for rnd in range(iters // block + 1):  # blocks alternate; the first warms up
         for mode in POOLS + ("floor",):
@@ -140,7 +164,7 @@ def run_size(be, conn, pools, nbytes, iters, block):
                     tw = clock()
                     conn.send_bytes(pickle.dumps(proxy))
                     del proxy
-                answer = wait_answer(conn)
+                answer = wait_answer(conn, proc)
                 t1 = clock()
                 if mode != "floor":
                     pool = pools[mode]._pool
@@ -151,8 +175,9 @@ def run_size(be, conn, pools, nbytes, iters, block):
                     t[mode].append(t1 - t0)
                     if mode != "floor":
                         recycle[mode].append(t2 - t1)
-                        _, recon, sync = answer.split()
+                        _, unpickle, recon, sync = answer.split()
                         parts[mode]["wrap"].append(tw - t0)
+                        parts[mode]["unpickle"].append(int(unpickle))
                         parts[mode]["reconstruct"].append(int(recon))
                         parts[mode]["sync"].append(int(sync))
     row = {"nbytes": nbytes, "floor": summary(t["floor"])}
@@ -234,8 +259,10 @@ def main():
         for nbytes, iters in sizes:
             iters = max(20, int(iters * args.scale))
             block = max(10, iters // 10)
-            report["rows"].append(run_size(be, here, pools, nbytes, iters, block))
+            report["rows"].append(run_size(be, here, proc, pools, nbytes, iters, block))
         here.send_bytes(b"stop")
+        _, hits, misses = wait_answer(here, proc).split()
+        report["rank_cache"] = {"hits": int(hits), "misses": int(misses)}
     finally:
         proc.join(60)
         if proc.is_alive():
@@ -257,12 +284,14 @@ def main():
               % (r["nbytes"], f["p50_us"], f["p99_us"], d["p50_us"], d["p99_us"],
                  d["p50_vs_floor"], d["p99_vs_own_p50"], h["p50_us"], h["p99_us"],
                  f["p50_us"] / h["p50_us"], d["recycle"]["p50_us"], h["recycle"]["p50_us"]))
-    print("  parts, us p50: wrap_tensor / the rank's reconstruct / its synchronize")
+    print("  parts, us p50: wrap_tensor / the rank's unpickle / reconstruct / synchronize")
     for r in report["rows"]:
         print("    %8d B  device %s | host %s" % (r["nbytes"], " / ".join(
-            "%.1f" % r["device"]["parts"][k]["p50_us"] for k in ("wrap", "reconstruct", "sync")),
-            " / ".join("%.1f" % r["host"]["parts"][k]["p50_us"]
-                       for k in ("wrap", "reconstruct", "sync"))))
+            "%.1f" % r["device"]["parts"][k]["p50_us"] for k in PARTS),
+            " / ".join("%.1f" % r["host"]["parts"][k]["p50_us"] for k in PARTS)))
+    c = report.get("rank_cache", {})
+    print("  the rank's buffer cache: %s hits, %s misses (a miss: cuMemAlloc, later cuMemFree)"
+          % (c.get("hits"), c.get("misses")))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)

@@ -57,20 +57,29 @@ uint64_t vmmtpy_cache_take(struct vmmtpy_mem_cache *c, int device, void *stream,
     return 0;
 }
 
-/* Keep a freed block; 0 when it does not fit (the caller frees it). */
+/* Free the oldest block held (the first: blocks are appended). */
+static void cache_drop_oldest(struct vmmtpy_mem_cache *c)
+{
+    if (vmmt_mem_free(c->e[0].device, c->e[0].ptr) != VMMT_OK)
+        vmmt__log(VMMT_LOG_WARN, "freeing a cached buffer: %s", vmmt_last_error());
+    c->bytes -= c->e[0].nbytes;
+    memmove(&c->e[0], &c->e[1], sizeof c->e[0] * (size_t)(c->count - 1));
+    c->count--;
+}
+
+/*
+ * Keep a freed block; 0 when it is larger than the whole cache (the caller
+ * frees it). Older blocks make room for it, oldest first, so that a new
+ * steady size takes over: before, a block as large as the cache was never
+ * kept once anything smaller was, and each such consume paid cuMemAlloc and
+ * cuMemFree (316 us of a 64 MiB round trip on the H200, BENCHMARKS.md).
+ */
 static int cache_put(struct vmmtpy_mem_cache *c, int device, void *stream, uint64_t nbytes,
                      uint64_t ptr)
 {
-    if (c == NULL || c->closed || nbytes > c->limit - c->bytes) return 0;
-    if (c->count == VMMTPY_CACHE_ENTRIES) {
-        /* Full of other sizes: the oldest goes, so a new steady size takes over. */
-        if (vmmt_mem_free(c->e[0].device, c->e[0].ptr) != VMMT_OK)
-            vmmt__log(VMMT_LOG_WARN, "freeing a cached buffer: %s", vmmt_last_error());
-        c->bytes -= c->e[0].nbytes;
-        memmove(&c->e[0], &c->e[1], sizeof c->e[0] * (VMMTPY_CACHE_ENTRIES - 1));
-        c->count--;
-        if (nbytes > c->limit - c->bytes) return 0;
-    }
+    if (c == NULL || c->closed || nbytes > c->limit) return 0;
+    while (c->count > 0 && (c->count == VMMTPY_CACHE_ENTRIES || nbytes > c->limit - c->bytes))
+        cache_drop_oldest(c);
     c->e[c->count].device = device;
     c->e[c->count].stream = stream;
     c->e[c->count].nbytes = nbytes;

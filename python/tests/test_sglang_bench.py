@@ -16,8 +16,11 @@ def test_sglang_handoff_bench_smoke(tmp_path):
                           str(path)], capture_output=True, text=True, timeout=300, env=env,
                          cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = json.loads(path.read_text())["rows"]
+    report = json.loads(path.read_text())
+    rows = report["rows"]
     assert [r["nbytes"] for r in rows] == [4096, 1 << 20]
+    # The rank's buffer cache answered (a miss per new size and pool kind at most).
+    assert report["rank_cache"]["hits"] > 0 and 0 <= report["rank_cache"]["misses"] <= 4
     assert all(r[p]["n"] > 0 and r[p]["recycle"]["n"] > 0 for r in rows for p in ("device", "host"))
     assert all(r[p]["parts"][k]["n"] > 0 for r in rows for p in ("device", "host")
-               for k in ("wrap", "reconstruct", "sync"))
+               for k in ("wrap", "unpickle", "reconstruct", "sync"))
