@@ -7,7 +7,9 @@ CudaVmmMemoryPool.wrap_tensor, pickle the proxy, send it through a
 multiprocessing pipe, then in the rank process unpickle it,
 reconstruct_on_target_device(0, consumer_count=1), synchronize and answer.
 The floor, interleaved block by block: each process copies the same bytes
-and synchronizes in turn, no transport at all. The rank is on the
+and synchronizes in turn, no transport at all; and the call sequence alone
+(pickle a proxy's state, the pipe both ways, unpickle, no copy), which no
+transport can go below. The rank is on the
 producer's GPU (tensor-parallel rank 0, the common case); 4 KiB, 1 MiB and
 64 MiB; a device pool fed from device memory, and a host pool fed from host
 memory (features from a CPU processor). The producer polls the pipe for the
@@ -38,6 +40,11 @@ KiB, MiB = 1 << 10, 1 << 20
 SIZES = ((4 * KiB, 1000), (1 * MiB, 400), (64 * MiB, 60))  # bytes, round trips per mode
 POOLS = ("device", "host")
 PARTS = ("wrap", "unpickle", "reconstruct", "sync")
+# What a proxy pickles to (its descriptor and names), for the call sequence
+# timed alone: pickle, the pipe both ways, unpickle, the poll; no copy.
+PIPE_STATE = {"descriptor": bytes(512), "fabric_handle": None, "consumer_count": 1,
+              "posix_socket_path": "vmmt-broker:" + "0" * 32, "allocation_size": 256 * MiB,
+              "shape": (1024,), "dtype": "float32"}
 
 
 class Backend:
@@ -90,7 +97,9 @@ def rank(conn, kind, device):
         msg = conn.recv_bytes()
         if msg == b"stop":
             break
-        if msg.startswith(b"floor "):
+        if msg.startswith(b"pipe "):
+            pickle.loads(msg[5:])  # the call sequence alone: no copy, no transport
+        elif msg.startswith(b"floor "):
             n = int(msg.split()[1])
             if n not in bufs:
                 bufs[n] = (be.tensor(n, 1, True), be.tensor(n, 0, True))
@@ -145,20 +154,22 @@ def run_size(be, conn, proc, pools, nbytes, iters, block):
     src_dev = be.tensor(nbytes, 3, True)
     srcs = {"device": src_dev, "host": be.tensor(nbytes, 3, False)}
     fsrc, fdst = src_dev, be.tensor(nbytes, 0, True)
-    t = {m: [] for m in POOLS + ("floor",)}
+    t = {m: [] for m in POOLS + ("floor", "pipe")}
     recycle = {m: [] for m in POOLS}
     # Where a round trip's time goes: wrap_tensor, the rank's reconstruct and
     # its synchronize (the rest is pickle, the pipe both ways and the poll).
     parts = {m: {k: [] for k in PARTS} for m in POOLS}
     floor_msg = b"floor %d" % nbytes
     for rnd in range(iters // block + 1):  # blocks alternate; the first warms up
-        for mode in POOLS + ("floor",):
+        for mode in POOLS + ("floor", "pipe"):
             for _ in range(block):
                 t0 = clock()
                 if mode == "floor":
                     be.copy(fdst, fsrc)
                     be.sync()
                     conn.send_bytes(floor_msg)
+                elif mode == "pipe":
+                    conn.send_bytes(b"pipe " + pickle.dumps(PIPE_STATE))
                 else:
                     proxy = pools[mode].wrap_tensor(srcs[mode])
                     tw = clock()
@@ -166,21 +177,21 @@ def run_size(be, conn, proc, pools, nbytes, iters, block):
                     del proxy
                 answer = wait_answer(conn, proc)
                 t1 = clock()
-                if mode != "floor":
+                if mode in POOLS:
                     pool = pools[mode]._pool
                     while pool.stats()["in_flight"]:  # the recycler's or our reclaim
                         pool.reclaim()
                     t2 = clock()
                 if rnd:
                     t[mode].append(t1 - t0)
-                    if mode != "floor":
+                    if mode in POOLS:
                         recycle[mode].append(t2 - t1)
                         _, unpickle, recon, sync = answer.split()
                         parts[mode]["wrap"].append(tw - t0)
                         parts[mode]["unpickle"].append(int(unpickle))
                         parts[mode]["reconstruct"].append(int(recon))
                         parts[mode]["sync"].append(int(sync))
-    row = {"nbytes": nbytes, "floor": summary(t["floor"])}
+    row = {"nbytes": nbytes, "floor": summary(t["floor"]), "pipe": summary(t["pipe"])}
     for mode in POOLS:
         row[mode] = summary(t[mode])
         row[mode]["recycle"] = summary(recycle[mode])
@@ -284,6 +295,9 @@ def main():
               % (r["nbytes"], f["p50_us"], f["p99_us"], d["p50_us"], d["p99_us"],
                  d["p50_vs_floor"], d["p99_vs_own_p50"], h["p50_us"], h["p99_us"],
                  f["p50_us"] / h["p50_us"], d["recycle"]["p50_us"], h["recycle"]["p50_us"]))
+    print("  the call sequence alone (pickle, pipe both ways, unpickle, poll; no copy), "
+          "us p50/p99: " + ", ".join("%.1f/%.1f" % (r["pipe"]["p50_us"], r["pipe"]["p99_us"])
+                                    for r in report["rows"]))
     print("  parts, us p50: wrap_tensor / the rank's unpickle / reconstruct / synchronize")
     for r in report["rows"]:
         print("    %8d B  device %s | host %s" % (r["nbytes"], " / ".join(
