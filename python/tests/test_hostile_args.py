@@ -336,3 +336,19 @@ def test_dropped_reservation_warns(no_leaks):
             gc.collect()
         msgs = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
         assert len(msgs) == 1 and "without commit or cancel" in msgs[0]
+
+
+def test_non_native_byte_order_refused_with_advice(no_leaks):
+    """A big-endian NumPy array cannot go through DLPack: NumPy's bare
+    BufferError ("DLPack only supports native byte order") came out of
+    publish and of vmmt.sglang's wrap_tensor; a ValueError saying what to do
+    now, and nothing is published."""
+    with vmmt.Pool(memory_size=2 << 20) as pool:
+        for a in (np.arange(6, dtype=">f4"), np.arange(6, dtype=">i8").reshape(2, 3)):
+            with pytest.raises(ValueError, match="byte order.*astype"):
+                pool.publish(a)
+            with pytest.raises(ValueError, match="byte order"):
+                pool.publish_many([np.ones(2), a])
+        assert pool.stats()["in_flight"] == 0
+        # Native order, said explicitly, is taken.
+        pool.cancel(pool.publish(np.arange(6, dtype="=f4")))

@@ -262,12 +262,23 @@ def _numpy_bool(array):
     return type(array).__module__ == "numpy" and getattr(array.dtype, "kind", None) == "b"
 
 
+def _native_order(array):
+    """DLPack has no byte order: NumPy refuses to export a non-native array
+    with a bare BufferError. Say what to do instead."""
+    dtype = getattr(array, "dtype", None)
+    if type(array).__module__ == "numpy" and getattr(dtype, "isnative", True) is False:
+        raise ValueError("an array of dtype %s is not in this machine's byte order, which "
+                         "DLPack cannot describe; convert it first: "
+                         "array.astype(array.dtype.newbyteorder('='))" % dtype.str)
+
+
 def _capsule(array, stream):
     """array.__dlpack__ with the stream contract: the library orders its work
     before `stream` (CUDA arrays); host arrays take no stream. A NumPy bool
     array is (capsule of its bytes, kDLBool)."""
     if _numpy_bool(array):
         return (_capsule(array.view(sys.modules["numpy"].uint8), stream), _DL_BOOL)
+    _native_order(array)
     if not hasattr(array, "__dlpack__"):
         raise TypeError("%s has no __dlpack__; vmmt publishes DLPack arrays (PyTorch, CuPy, JAX, "
                         "NumPy)" % type(array).__name__)
