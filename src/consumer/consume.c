@@ -881,9 +881,15 @@ int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void 
             st = host_wait(c, &rq, 0);
         else if (rq.ack_now)
             st = wait_ready(c, &rq, (CUstream)stream, &queued);
-        /* Completing a packed group may follow copies of other members on this stream. */
+        /* Completing a packed group may follow copies of other members on this
+         * stream. A device table's acknowledgement always goes to the acker,
+         * even with nothing queued before it: the acker tries a failed stream
+         * write again, where one written here would leave the ranks before
+         * the failure acknowledged and the call not retryable
+         * (test_ack_generations, test_failed_ack_write_retry). */
         if (rq.ack_now && st == VMMT_OK)
-            st = write_acks(c, &rq, (CUstream)stream, rq.d.pack_count > 1 || queued, &written);
+            st = write_acks(c, &rq, (CUstream)stream,
+                            rq.d.pack_count > 1 || queued || !rq.pool->host_table, &written);
         if (rq.ack_now && !written) unclaim(c, &rq);
         done(c, &rq);
     }

@@ -3,7 +3,7 @@
  * created through the VMM API (CU_MEM_LOCATION_TYPE_HOST_NUMA) and exported
  * as a POSIX fd, so that consumers import, map and copy from it exactly as
  * from a device pool. The producer maps it with CPU access and publishes from
- * host memory with memcpy: after cuInit alone, with no context made current
+ * host memory with the CPU (cpu_copy.c): after cuInit alone, with no context made current
  * and no device memory held (measured on the H200, /work/shared/design.md).
  * Its control table is the shared host memfd, written by the CPU too.
  *
@@ -21,6 +21,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "cpu_copy.h"
 #include "ctrl.h"
 #include "driver.h"
 #include "pool_internal.h"
@@ -207,7 +208,7 @@ int vmmt__host_pool_copy(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n,
     /* Host members first, by the CPU: the ready flag comes after all of them. */
     for (size_t i = 0; i < n; i++)
         if (bufs[i].location == VMMT_LOC_HOST)
-            memcpy(slice + rel[i], (const void *)(uintptr_t)bufs[i].ptr, bufs[i].nbytes);
+            vmmt__cpu_copy(slice + rel[i], (const void *)(uintptr_t)bufs[i].ptr, bufs[i].nbytes);
     k = device_members(bufs, n, rel, dbufs, drel);
     if (k == 0) {
         vmmt__host_pool_set_ready(p, slot, p->slot[slot].generation);

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cpu_copy.h"
 #include "driver.h"
 #include "emu.h"
 #include "pattern.h"
@@ -66,6 +67,38 @@ static void test_host_publish_from_host_memory(void **state)
     }
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     assert_int_equal(stats(f->pool).recycled, 24);
+    free(h);
+}
+
+/*
+ * A large host source is copied by a few threads made for the copy
+ * (src/producer/cpu_copy.c): every byte lands, at every size around the
+ * split points, before publish returns, and no thread or mapping outlives
+ * the call (the fixture's leak check).
+ */
+static void test_host_large_copy_split(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = host_config(32 * MiB, 1);
+    const size_t sizes[] = {2 * MiB - 1,    2 * MiB,      4 * MiB - 1,
+                            4 * MiB + 4097, 6 * MiB + 13, 8 * MiB};
+    uint8_t *h = malloc(8 * MiB);
+
+    assert_non_null(h);
+    assert_int_equal(vmmt__cpu_copy_parts(2 * MiB - 1), 1);
+    assert_int_equal(vmmt__cpu_copy_parts(4 * MiB + 4097), 2);
+    assert_int_equal(vmmt__cpu_copy_parts(8 * MiB), 4);
+    assert_int_equal(vmmt__cpu_copy_parts((size_t)1 << 30), 4);
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    for (uint32_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        vmmt_buffer b = host_bytes(h, sizes[i]);
+        vmmt_desc d;
+        tu_pattern_fill(h, sizes[i], 40 + i);
+        assert_vmmt_ok(vmmt_publish(f->pool, &b, NULL, &d));
+        memset(h, 0xee, sizes[i]); /* every part was copied when publish returned */
+        consume_check(f, &d, sizes[i], 40 + i);
+    }
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     free(h);
 }
 
@@ -362,6 +395,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_host_publish_from_host_memory),
         T(test_host_packed_mixed_sources),
+        T(test_host_large_copy_split),
         T(test_host_config_errors),
         T(test_host_producer_process_without_context),
         T(test_reserve_commit_device_pool),
