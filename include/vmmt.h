@@ -692,7 +692,9 @@ VMMT_API int vmmt_consume(vmmt_consumer *consumer, const vmmt_desc *desc, int de
  * landed); with a device table the stream waits unless the row showed it
  * landed. A pool whose producer's death this process cannot see (FABRIC)
  * is waited for on the host, within timeout_ms, as by vmmt_consume. A
- * failure acknowledges nothing, and the call may be retried.
+ * packed member that does not complete its group only records its part and
+ * returns at once; the member that completes it waits. A failure
+ * acknowledges nothing, and the call may be retried.
  */
 VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, int device,
                                void *stream, int rank_first, int rank_count);

@@ -49,7 +49,10 @@ uint64_t vmmtpy_cache_take(struct vmmtpy_mem_cache *c, int device, void *stream,
             continue;
         uint64_t ptr = c->e[i].ptr;
         c->bytes -= nbytes;
-        c->e[i] = c->e[--c->count];
+        /* The rest keep their order, oldest first: cache_put frees from the
+         * front (an outside attack found a hit moving the newest block there). */
+        memmove(&c->e[i], &c->e[i + 1], sizeof c->e[0] * (size_t)(c->count - i - 1));
+        c->count--;
         c->hits++;
         return ptr;
     }
@@ -57,7 +60,8 @@ uint64_t vmmtpy_cache_take(struct vmmtpy_mem_cache *c, int device, void *stream,
     return 0;
 }
 
-/* Free the oldest block held (the first: blocks are appended). */
+/* Free the oldest block held: the first, since blocks are appended as they
+ * are freed into the cache and a hit keeps the others' order. */
 static void cache_drop_oldest(struct vmmtpy_mem_cache *c)
 {
     if (vmmt_mem_free(c->e[0].device, c->e[0].ptr) != VMMT_OK)

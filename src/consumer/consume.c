@@ -558,12 +558,45 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
 }
 
 /*
- * The driver refused a stream wait on the ready word: watch it from the host
- * instead, within the consumer's timeout. A device table is read on a stream
- * of the pool's own: the legacy stream would queue behind the application's
- * work.
+ * A device table's ready word reaches the generation even for an occupant
+ * cancelled while its copy was queued (the producer's queued write lands
+ * after the cancel); the cancel, or a rank's release, shows in the
+ * acknowledgement words instead. So a consume that waited on the host reads
+ * the row again once the word arrived: an outside attack had a cancel return
+ * during the wait and the consume then answer OK, its copy reading the next
+ * occupant's bytes. (A shared table's cancel retires the ready word itself,
+ * which host_wait sees.)
  */
-static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr word)
+static int still_live(vmmt_consumer *c, struct request *rq)
+{
+    uint32_t ready = 0, acked = UINT32_MAX;
+    int st;
+
+    if (rq->pool->host_table) return VMMT_OK;
+    st = load_row(c, rq, &ready, &acked);
+    if (st != VMMT_OK)
+        return vmmt__wrap(st, "reading the control table row of slot %u again after its wait",
+                          rq->d.slot);
+    if (ready != rq->d.generation || acked != UINT32_MAX)
+        return vmmt__fail(VMMT_ESTATE,
+                          "slot %u generation %u was cancelled or released while this call "
+                          "waited for its bytes (ready word %u, rank %u acknowledged); nothing "
+                          "was copied or acknowledged: drop the request",
+                          rq->d.slot, rq->d.generation, ready, acked);
+    return VMMT_OK;
+}
+
+/*
+ * Watch the ready word from the host, within the consumer's timeout: where
+ * the driver refused a stream wait, or where this process could not learn
+ * of the producer's death (wait_ready). A device table is read on a stream
+ * of the pool's own: the legacy stream would queue behind the application's
+ * work. The import's poll lock is taken for each read only: every consume
+ * of a device table reads its row under it, and an outside attack found a
+ * descriptor whose bytes had landed, and through the consumer's lock another
+ * pool's, held up for this whole wait.
+ */
+static int host_wait(vmmt_consumer *c, struct request *rq, CUdeviceptr word)
 {
     struct imported *ip = rq->pool;
     struct timespec until, pause = {0, 20000};
@@ -571,14 +604,16 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
     int st = VMMT_OK, seen = 0;
 
     vmmt__deadline(&until, (int64_t)c->cfg.timeout_ms * 1000);
-    pthread_mutex_lock(&ip->poll_lock);
-    st = vmmt__table_open_poll(ip);
-    while (st == VMMT_OK) {
-        st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, &v);
+    for (;;) {
+        pthread_mutex_lock(&ip->poll_lock);
+        st = vmmt__table_open_poll(ip);
+        if (st == VMMT_OK) st = read_ready(ip, rq, word, &until, c->cfg.timeout_ms, &v);
+        pthread_mutex_unlock(&ip->poll_lock);
         /* A device table's read still running when this wait's deadline
          * passed: the answer is the flag's (below), not a busy device. */
         if (st == VMMT_ETIMEDOUT && seen && vmmt__deadline_passed(&until)) st = VMMT_OK;
-        if (st != VMMT_OK || v == gen) break;
+        if (st != VMMT_OK) break;
+        if (v == gen) return still_live(c, rq);
         seen = 1;
         st = not_coming(rq, v);
         if (st != VMMT_OK) break;
@@ -591,14 +626,15 @@ static int host_wait(vmmt_consumer *c, const struct request *rq, CUdeviceptr wor
         }
         if (vmmt__deadline_passed(&until)) {
             st = vmmt__fail(VMMT_ETIMEDOUT,
-                            "the producer's ready flag did not reach generation %u within %d "
-                            "ms (it reads %u); is the producer alive?",
-                            gen, c->cfg.timeout_ms, v);
+                            "the bytes of slot %u generation %u did not land within %d ms (its "
+                            "ready word reads %u: the producer's copy is still pending); nothing "
+                            "was copied or acknowledged: retry the call later, or drop the "
+                            "request if the producer is gone",
+                            rq->d.slot, gen, c->cfg.timeout_ms, v);
             break;
         }
         nanosleep(&pause, NULL);
     }
-    pthread_mutex_unlock(&ip->poll_lock);
     return st;
 }
 
@@ -640,7 +676,7 @@ static int death_seen(const struct imported *ip)
  * check_occupant made sure the generation is the ready word's or the next,
  * so it cannot be passed by any other occupant.)
  */
-static int wait_ready(vmmt_consumer *c, const struct request *rq, CUstream s, int *queued)
+static int wait_ready(vmmt_consumer *c, struct request *rq, CUstream s, int *queued)
 {
     const struct vmmt_drv *d = vmmt__drv();
     CUdeviceptr word = rq->pool->table + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
