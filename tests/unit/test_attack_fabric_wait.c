@@ -153,6 +153,159 @@ static void expect_timeout_message(const vmmt_desc *d, int timeout_ms)
     assert_error_contains(ms);  /* how long it waited */
 }
 
+/* Device pools on the emulator only: the attacks count its calls and gate its streams. */
+static void need_device_emu(void)
+{
+    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
+}
+
+/*
+ * Where most attacks start: a stream-ordered FABRIC pool of `ranks` ranks
+ * (pool_timeout_ms 0: the pool's default), a consumer that waits at most
+ * timeout_ms and, where s2 is given, a stream of the consumer's own (gates
+ * hold the producer's, f->stream).
+ */
+static vmmt_consumer *fabric_setup(struct fixture *f, int ranks, int pool_timeout_ms,
+                                   int timeout_ms, CUstream *s2)
+{
+    vmmt_consumer *k;
+
+    need_device_emu();
+    make_fabric_pool(f, ranks, VMMT_HANDOFF_STREAM, pool_timeout_ms);
+    k = make_consumer(timeout_ms);
+    if (s2) *s2 = new_stream();
+    return k;
+}
+
+/* Publish f->src's first N bytes as *d behind a gate closed on f->stream: not landed yet. */
+static void publish_gated(struct fixture *f, struct gate *g, vmmt_desc *d)
+{
+    vmmt_buffer b = bytes(f->src, N);
+
+    gate_close(g, f->stream);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, d));
+}
+
+/* The same with buffer `pattern` written first. */
+static void publish_pending(struct fixture *f, uint32_t pattern, struct gate *g, vmmt_desc *d)
+{
+    put(f, f->src, N, pattern);
+    publish_gated(f, g, d);
+}
+
+/*
+ * Write buffer `pattern`, publish it, let it land and consume it on s2 (ack:
+ * acknowledge it instead), so the pool is imported before what is measured.
+ */
+static void import_first(struct fixture *f, vmmt_consumer *k, CUstream s2, uint32_t pattern,
+                         int ack)
+{
+    vmmt_buffer b = bytes(f->src, N);
+    vmmt_desc d0;
+
+    put(f, f->src, N, pattern);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d0));
+    sync_s(f->stream);
+    if (ack)
+        assert_vmmt_ok(vmmt_consumer_ack(k, &d0, 0, s2, VMMT_ALL_RANKS, 0));
+    else
+        assert_vmmt_ok(vmmt_consume(k, &d0, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
+    sync_s(s2);
+}
+
+/* Let a gated publish land: open the gate and wait for the producer's stream. */
+static void open_gate(struct fixture *f, struct gate *g)
+{
+    gate_open_later(g, 0);
+    gate_free(g);
+    sync_s(f->stream);
+}
+
+/* A failed wait queued nothing: no stream wait since `w`, and s2 idle. */
+static void expect_nothing_queued(long w, CUstream s2)
+{
+    assert_int_equal(stream_waits(), w);
+    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
+}
+
+/*
+ * d landed after a call that failed: that call acknowledged nothing (given
+ * time to show up), and the slot is still in flight.
+ */
+static void expect_not_acked(struct fixture *f, const vmmt_desc *d)
+{
+    sleep_ms(50);
+    assert_int_not_equal(table_word(f, d, 1), info(d).generation);
+    assert_int_equal(stats(f->pool).in_flight, 1);
+}
+
+/*
+ * The retry once d landed: consume it on s2 and get buffer `pattern`; then
+ * drain the pool, free s2 and destroy k (unless it is the fixture's own,
+ * which the teardown destroys).
+ */
+static void consume_and_finish(struct fixture *f, vmmt_consumer *k, const vmmt_desc *d, CUstream s2,
+                               uint32_t pattern)
+{
+    assert_vmmt_ok(vmmt_consume(k, d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
+    sync_s(s2);
+    expect(f, f->dst, N, pattern);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    free_stream(s2);
+    if (k != f->consumer) vmmt_consumer_destroy(k);
+}
+
+/*
+ * What most attacks hold: the consumer, its stream, the gate on the
+ * producer's stream and the descriptor that gate keeps pending.
+ */
+struct pending {
+    vmmt_consumer *k;
+    CUstream s2;
+    struct gate g;
+    vmmt_desc d;
+};
+
+/* The commonest start: fabric_setup's one-rank pool, then publish_pending's descriptor. */
+static void pending_setup(struct fixture *f, struct pending *p, int timeout_ms, uint32_t pattern)
+{
+    p->k = fabric_setup(f, 1, 0, timeout_ms, &p->s2);
+    publish_pending(f, pattern, &p->g, &p->d);
+}
+
+/* The same with the pool imported first (import_first), so the wait is on a mapped pool. */
+static void imported_pending_setup(struct fixture *f, struct pending *p, int timeout_ms,
+                                   uint32_t pattern)
+{
+    p->k = fabric_setup(f, 1, 0, timeout_ms, &p->s2);
+    import_first(f, p->k, p->s2, pattern, 0);
+    publish_gated(f, &p->g, &p->d);
+}
+
+/* A consume of p->d, still pending, on p->s2: it times out. */
+static void consume_times_out(struct fixture *f, struct pending *p)
+{
+    assert_int_equal(vmmt_consume(p->k, &p->d, 0, f->dst, f->cap, p->s2, VMMT_ALL_RANKS, 0),
+                     VMMT_ETIMEDOUT);
+}
+
+/* The end once every slot came back: drain, `recycled` recycled in all; free p->s2 and p->k. */
+static void finish_recycled(struct fixture *f, struct pending *p, int recycled)
+{
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_int_equal(stats(f->pool).recycled, recycled);
+    free_stream(p->s2);
+    vmmt_consumer_destroy(p->k);
+}
+
+/* After a call that failed and queued nothing (p->s2 idle): let the bytes land and retry. */
+static void retry_after_failure(struct fixture *f, struct pending *p, uint32_t pattern)
+{
+    assert_int_equal(drv()->cuStreamQuery(p->s2), CUDA_SUCCESS);
+    open_gate(f, &p->g);
+    consume_and_finish(f, p->k, &p->d, p->s2, pattern);
+}
+
 /*
  * Attack 1: a pending FABRIC descriptor. Expected: ETIMEDOUT, no stream wait,
  * the stream idle, no acknowledgement written even once the bytes land;
@@ -161,91 +314,57 @@ static void expect_timeout_message(const vmmt_desc *d, int timeout_ms)
 static void test_fabric_pending_consume_times_out_then_retries_once(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
-    CUstream s2;
-    vmmt_desc d;
+    struct pending p;
     long w;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(200);
-    s2 = new_stream();
-    put(f, f->src, N, 21);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    assert_true(info(&d).stream_ordered);
+    pending_setup(f, &p, 200, 21);
+    assert_true(info(&p.d).stream_ordered);
     w = stream_waits();
-    assert_int_equal(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
-    expect_timeout_message(&d, 200);
-    assert_int_equal(stream_waits(), w);
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
+    consume_times_out(f, &p);
+    expect_timeout_message(&p.d, 200);
+    expect_nothing_queued(w, p.s2);
+    open_gate(f, &p.g);
     /* Landed now; the timed-out call acknowledged nothing. */
-    assert_int_equal(table_word(f, &d, 0), info(&d).generation);
-    sleep_ms(50);
-    assert_int_not_equal(table_word(f, &d, 1), info(&d).generation);
-    assert_int_equal(stats(f->pool).in_flight, 1);
+    assert_int_equal(table_word(f, &p.d, 0), info(&p.d).generation);
+    expect_not_acked(f, &p.d);
     assert_int_equal(vmmt_pool_drain(f->pool, 50), VMMT_ETIMEDOUT);
     /* The retry: no wait needed (the row shows it landed). */
     w = stream_waits();
-    assert_vmmt_ok(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
+    assert_vmmt_ok(vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0));
     assert_int_equal(stream_waits(), w);
-    sync_s(s2);
+    sync_s(p.s2);
     expect(f, f->dst, N, 21);
-    assert_vmmt_ok(vmmt_consumer_check(k, &d));
-    assert_int_equal(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
-    assert_int_equal(vmmt_consumer_ack(k, &d, 0, s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
-    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    assert_int_equal(stats(f->pool).recycled, 1);
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    assert_vmmt_ok(vmmt_consumer_check(p.k, &p.d));
+    assert_int_equal(vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+    assert_int_equal(vmmt_consumer_ack(p.k, &p.d, 0, p.s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
+    finish_recycled(f, &p, 1);
 }
 
 /* Attack 2: the same through vmmt_consumer_ack (a dropped request). */
 static void test_fabric_pending_ack_times_out_then_retries_once(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
-    CUstream s2;
-    vmmt_desc d;
+    struct pending p;
     long w;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(150);
-    s2 = new_stream();
-    put(f, f->src, N, 22);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    pending_setup(f, &p, 150, 22);
     w = stream_waits();
-    assert_int_equal(vmmt_consumer_ack(k, &d, 0, s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
-    expect_timeout_message(&d, 150);
-    assert_int_equal(stream_waits(), w);
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
+    assert_int_equal(vmmt_consumer_ack(p.k, &p.d, 0, p.s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
+    expect_timeout_message(&p.d, 150);
+    expect_nothing_queued(w, p.s2);
     /* Twice: still nothing recorded by the first. */
-    assert_int_equal(vmmt_consumer_ack(k, &d, 0, s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
-    sleep_ms(50);
-    assert_int_not_equal(table_word(f, &d, 1), info(&d).generation);
-    assert_int_equal(stats(f->pool).in_flight, 1);
+    assert_int_equal(vmmt_consumer_ack(p.k, &p.d, 0, p.s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
+    open_gate(f, &p.g);
+    expect_not_acked(f, &p.d);
     w = stream_waits();
-    assert_vmmt_ok(vmmt_consumer_ack(k, &d, 0, s2, VMMT_ALL_RANKS, 0));
+    assert_vmmt_ok(vmmt_consumer_ack(p.k, &p.d, 0, p.s2, VMMT_ALL_RANKS, 0));
     assert_int_equal(stream_waits(), w);
-    assert_int_equal(vmmt_consumer_ack(k, &d, 0, s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
-    assert_int_equal(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
-    sync_s(s2);
-    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    assert_int_equal(stats(f->pool).recycled, 1);
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    assert_int_equal(vmmt_consumer_ack(p.k, &p.d, 0, p.s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
+    assert_int_equal(vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+    sync_s(p.s2);
+    finish_recycled(f, &p, 1);
 }
 
 /*
@@ -276,11 +395,8 @@ static void landed_no_wait(struct fixture *f, vmmt_consumer *k)
 static void test_fabric_landed_queues_no_stream_wait(void **state)
 {
     struct fixture *f = *state;
-    vmmt_consumer *k;
+    vmmt_consumer *k = fabric_setup(f, 1, 0, 1, NULL); /* a landed buffer needs no time at all */
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(1); /* a landed buffer needs no time at all */
     landed_no_wait(f, k);
     vmmt_consumer_destroy(k);
 }
@@ -289,7 +405,7 @@ static void test_fabric_auto_handoff_landed_queues_no_stream_wait(void **state)
 {
     struct fixture *f = *state;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
+    need_device_emu();
     make_fabric_pool(f, 1, VMMT_HANDOFF_AUTO, 0);
     landed_no_wait(f, f->consumer);
 }
@@ -298,20 +414,27 @@ static void test_fabric_sync_handoff_queues_no_stream_wait(void **state)
 {
     struct fixture *f = *state;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
+    need_device_emu();
     make_fabric_pool(f, 1, VMMT_HANDOFF_SYNC, 0);
     landed_no_wait(f, f->consumer);
+}
+
+/* A POSIX_FD pool with a device table, stream-ordered. */
+static void make_posix_device_table_pool(struct fixture *f)
+{
+    vmmt_pool_config c = config(8 * MiB, 1);
+
+    need_device_emu();
+    c.device_control_table = 1;
+    c.handoff = VMMT_HANDOFF_STREAM;
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
 }
 
 static void test_posix_device_table_landed_queues_no_stream_wait(void **state)
 {
     struct fixture *f = *state;
-    vmmt_pool_config c = config(8 * MiB, 1);
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    c.device_control_table = 1;
-    c.handoff = VMMT_HANDOFF_STREAM;
-    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    make_posix_device_table_pool(f);
     assert_int_equal(stats(f->pool).host_control_table, 0);
     landed_no_wait(f, f->consumer);
 }
@@ -324,20 +447,13 @@ static void test_posix_device_table_landed_queues_no_stream_wait(void **state)
 static void test_posix_device_table_pending_still_stream_ordered(void **state)
 {
     struct fixture *f = *state;
-    vmmt_pool_config c = config(8 * MiB, 1);
-    vmmt_buffer b = bytes(f->src, N);
     struct gate g;
     CUstream s2;
     vmmt_desc d;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    c.device_control_table = 1;
-    c.handoff = VMMT_HANDOFF_STREAM;
-    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    make_posix_device_table_pool(f);
     s2 = new_stream();
-    put(f, f->src, N, 24);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    publish_pending(f, 24, &g, &d);
     assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
     gate_open_later(&g, 20);
     gate_free(&g);
@@ -370,10 +486,7 @@ static void test_fabric_packed_group_behind_gate(void **state)
     long w;
     int st;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(150);
-    s2 = new_stream();
+    k = fabric_setup(f, 1, 0, 150, &s2);
     for (int i = 0; i < 3; i++) {
         at[i] = f->src + (CUdeviceptr)i * 64 * 1024;
         put(f, at[i], sz[i], 30 + i);
@@ -390,11 +503,8 @@ static void test_fabric_packed_group_behind_gate(void **state)
     assert_true(st == VMMT_OK || st == VMMT_ETIMEDOUT);
     assert_int_equal(vmmt_consume(k, &d[2], 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0),
                      VMMT_ETIMEDOUT);
-    assert_int_equal(stream_waits(), w);
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
+    expect_nothing_queued(w, s2);
+    open_gate(f, &g);
     sleep_ms(30);
     assert_int_not_equal(table_word(f, &d[0], 1), info(&d[0]).generation);
     assert_vmmt_ok(vmmt_consume(k, &d[2], 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
@@ -437,10 +547,7 @@ static void packed_timeout_then_stream(struct fixture *f, int timed, uint32_t pa
     CUstream s2, s3;
     vmmt_desc d[2];
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(100);
-    s2 = new_stream();
+    k = fabric_setup(f, 1, 0, 100, &s2);
     s3 = new_stream();
     put(f, f->src, N, pattern);
     put(f, f->src + 64 * 1024, N, pattern + 1);
@@ -451,9 +558,7 @@ static void packed_timeout_then_stream(struct fixture *f, int timed, uint32_t pa
     assert_int_equal(
         vmmt_consume(k, &d[timed], 0, f->dst, f->cap, timed ? s3 : s2, VMMT_ALL_RANKS, 0),
         VMMT_ETIMEDOUT);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
+    open_gate(f, &g);
     CUstream use = timed ? s2 : s3;
     assert_vmmt_ok(vmmt_consume(k, &d[0], 0, f->dst, f->cap, use, VMMT_ALL_RANKS, 0));
     assert_vmmt_ok(vmmt_consume(k, &d[1], 0, f->dst + 64 * 1024, N, use, VMMT_ALL_RANKS, 0));
@@ -489,10 +594,7 @@ static void test_fabric_packed_all_dropped_while_pending(void **state)
     long w;
     int st0, st1, acked_early;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(150);
-    s2 = new_stream();
+    k = fabric_setup(f, 1, 0, 150, &s2);
     bufs[0] = bytes(f->src, N);
     bufs[1] = bytes(f->src + 64 * 1024, N);
     gate_close(&g, f->stream);
@@ -500,14 +602,11 @@ static void test_fabric_packed_all_dropped_while_pending(void **state)
     w = stream_waits();
     st0 = vmmt_consumer_ack(k, &d[0], 0, s2, VMMT_ALL_RANKS, 0);
     st1 = vmmt_consumer_ack(k, &d[1], 0, s2, VMMT_ALL_RANKS, 0);
-    assert_int_equal(stream_waits(), w);
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
+    expect_nothing_queued(w, s2);
     sleep_ms(50);
     /* Still PENDING: no acknowledgement may be in the table. */
     acked_early = table_word(f, &d[0], 1) == info(&d[0]).generation;
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
+    open_gate(f, &g);
     if (st0 != VMMT_OK) assert_vmmt_ok(vmmt_consumer_ack(k, &d[0], 0, s2, VMMT_ALL_RANKS, 0));
     if (st1 != VMMT_OK) assert_vmmt_ok(vmmt_consumer_ack(k, &d[1], 0, s2, VMMT_ALL_RANKS, 0));
     sync_s(s2);
@@ -600,39 +699,29 @@ static int bg_join(struct bg *b)
  */
 static void cancel_during_wait(struct fixture *f, int ack)
 {
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
+    struct pending p;
     struct bg bg;
-    CUstream s2;
-    vmmt_desc d;
     long w;
     int st, check = -1, again;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(3000);
-    s2 = new_stream();
-    put(f, f->src, N, 40);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    pending_setup(f, &p, 3000, 40);
     w = stream_waits();
-    bg_start(&bg, k, &d, f->dst, f->cap, s2, ack);
+    bg_start(&bg, p.k, &p.d, f->dst, f->cap, p.s2, ack);
     sleep_ms(200); /* most likely in its host wait by now; any order must hold */
-    assert_vmmt_ok(vmmt_cancel(f->pool, &d));
-    gate_open_later(&g, 0); /* the bytes land after the cancel returned */
+    assert_vmmt_ok(vmmt_cancel(f->pool, &p.d));
+    gate_open_later(&p.g, 0); /* the bytes land after the cancel returned */
     st = bg_join(&bg);
-    gate_free(&g);
+    gate_free(&p.g);
     sync_s(f->stream);
-    sync_s(s2);
-    if (st == VMMT_OK) check = vmmt_consumer_check(k, &d);
-    again = vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0);
-    sync_s(s2);
+    sync_s(p.s2);
+    if (st == VMMT_OK) check = vmmt_consumer_check(p.k, &p.d);
+    again = vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0);
+    sync_s(p.s2);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     assert_int_equal(stats(f->pool).in_flight, 0);
     assert_int_equal(stats(f->pool).cancelled, 1);
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    free_stream(p.s2);
+    vmmt_consumer_destroy(p.k);
     if (st == VMMT_OK)
         fail_msg("DEFECT: a %s waiting on the host while vmmt_cancel returned (the bytes landed "
                  "only after the cancel) got VMMT_OK, and vmmt_consumer_check said %d; "
@@ -642,6 +731,16 @@ static void cancel_during_wait(struct fixture *f, int ack)
         fail_msg("unexpected status %d: %s", st, bg.message);
     assert_int_equal(again, VMMT_ESTATE);
     assert_true(stream_waits() == w || w < 0);
+}
+
+static void test_fabric_cancel_during_host_wait_consume(void **state)
+{
+    cancel_during_wait(*state, 0);
+}
+
+static void test_fabric_cancel_during_host_wait_ack(void **state)
+{
+    cancel_during_wait(*state, 1);
 }
 
 /*
@@ -670,16 +769,15 @@ static void test_fabric_cancel_during_host_wait_slice_reused(void **state)
     struct fixture *f = *state;
     vmmt_pool_config c;
     vmmt_buffer b1, b2;
-    vmmt_consumer *k;
-    struct gate g, held;
+    struct pending p;
+    struct gate held;
     struct bg bg;
-    CUstream s2;
-    vmmt_desc d, d2;
+    vmmt_desc d2;
     size_t n;
     int st, check = -1, pub = VMMT_EFULL, right_bytes = -1;
     uint8_t *h;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
+    need_device_emu();
     fabric_env();
     c = config(2 * MiB, 1);
     c.handle_type = VMMT_HANDLE_FABRIC;
@@ -690,21 +788,21 @@ static void test_fabric_cancel_during_host_wait_slice_reused(void **state)
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     /* More than half the data region: two slices can never coexist. */
     n = (size_t)(stats(f->pool).data_bytes * 6 / 10) & ~(size_t)4095;
-    k = make_consumer(3000);
-    s2 = new_stream();
+    p.k = make_consumer(3000);
+    p.s2 = new_stream();
     put(f, f->src, n, 80);
     put(f, f->src + 4 * MiB, n, 81);
     b1 = bytes(f->src, n);
     b2 = bytes(f->src + 4 * MiB, n);
-    gate_close(&held, s2); /* the consumer's copy will stay queued */
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b1, f->stream, &d));
-    bg_start(&bg, k, &d, f->dst, f->cap, s2, 0);
+    gate_close(&held, p.s2); /* the consumer's copy will stay queued */
+    gate_close(&p.g, f->stream);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b1, f->stream, &p.d));
+    bg_start(&bg, p.k, &p.d, f->dst, f->cap, p.s2, 0);
     sleep_ms(200);
-    assert_vmmt_ok(vmmt_cancel(f->pool, &d));
-    gate_open_later(&g, 0);
+    assert_vmmt_ok(vmmt_cancel(f->pool, &p.d));
+    gate_open_later(&p.g, 0);
     st = bg_join(&bg);
-    gate_free(&g);
+    gate_free(&p.g);
     sync_s(f->stream);
     /* The next publish gets the cancelled slice as soon as the recycler frees it. */
     for (int i = 0; i < 1000 && pub == VMMT_EFULL; i++) {
@@ -712,25 +810,25 @@ static void test_fabric_cancel_during_host_wait_slice_reused(void **state)
         if (pub == VMMT_EFULL) sleep_ms(5);
     }
     assert_vmmt_ok(pub);
-    assert_int_equal(desc_offset(&d2), desc_offset(&d));
+    assert_int_equal(desc_offset(&d2), desc_offset(&p.d));
     sync_s(f->stream);
     gate_open_later(&held, 0);
     gate_free(&held);
-    sync_s(s2);
+    sync_s(p.s2);
     if (st == VMMT_OK) {
-        check = vmmt_consumer_check(k, &d);
+        check = vmmt_consumer_check(p.k, &p.d);
         h = malloc(n);
-        assert_int_equal(drv()->cuMemcpyDtoHAsync(h, f->dst, n, s2), CUDA_SUCCESS);
-        sync_s(s2);
+        assert_int_equal(drv()->cuMemcpyDtoHAsync(h, f->dst, n, p.s2), CUDA_SUCCESS);
+        sync_s(p.s2);
         right_bytes = tu_pattern_check(h, n, 80) == n;
         free(h);
     }
-    assert_vmmt_ok(vmmt_consume(f->consumer, &d2, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &d2, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0));
+    sync_s(p.s2);
     expect(f, f->dst, n, 81);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    free_stream(p.s2);
+    vmmt_consumer_destroy(p.k);
     if (st == VMMT_OK && check == VMMT_OK && !right_bytes)
         fail_msg("DEFECT: wrong bytes with VMMT_OK: a consume racing vmmt_cancel returned OK, "
                  "its copy read the next buffer's bytes, and vmmt_consumer_check said OK");
@@ -741,16 +839,6 @@ static void test_fabric_cancel_during_host_wait_slice_reused(void **state)
     assert_true(st == VMMT_ESTATE || st == VMMT_ETIMEDOUT);
 }
 
-static void test_fabric_cancel_during_host_wait_consume(void **state)
-{
-    cancel_during_wait(*state, 0);
-}
-
-static void test_fabric_cancel_during_host_wait_ack(void **state)
-{
-    cancel_during_wait(*state, 1);
-}
-
 /*
  * Attack 5b: the cancel while the gate stays closed for the whole wait: the
  * host wait ends (ESTATE or ETIMEDOUT, never OK), nothing queued.
@@ -758,35 +846,24 @@ static void test_fabric_cancel_during_host_wait_ack(void **state)
 static void test_fabric_cancel_pending_gate_closed(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
+    struct pending p;
     struct bg bg;
-    CUstream s2;
-    vmmt_desc d;
     int st;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(600);
-    s2 = new_stream();
-    put(f, f->src, N, 41);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    bg_start(&bg, k, &d, f->dst, f->cap, s2, 0);
+    pending_setup(f, &p, 600, 41);
+    bg_start(&bg, p.k, &p.d, f->dst, f->cap, p.s2, 0);
     sleep_ms(100);
-    assert_vmmt_ok(vmmt_cancel(f->pool, &d));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &p.d));
     st = bg_join(&bg);
     print_message("wait across a cancel: %d (%s)\n", st, bg.message);
     assert_true(st == VMMT_ESTATE || st == VMMT_ETIMEDOUT);
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
-    assert_int_equal(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
+    assert_int_equal(drv()->cuStreamQuery(p.s2), CUDA_SUCCESS);
+    assert_int_equal(vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+    open_gate(f, &p.g);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    free_stream(p.s2);
+    vmmt_consumer_destroy(p.k);
 }
 
 /*
@@ -810,23 +887,14 @@ static void *destroy_run(void *arg)
 static void test_fabric_pool_destroyed_during_host_wait(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
     struct destroyer x;
-    vmmt_consumer *k;
-    struct gate g;
+    struct pending p;
     struct bg bg;
-    CUstream s2;
-    vmmt_desc d;
     int st;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 10000);
-    k = make_consumer(400);
-    s2 = new_stream();
-    put(f, f->src, N, 42);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    bg_start(&bg, k, &d, f->dst, f->cap, s2, 0);
+    p.k = fabric_setup(f, 1, 10000, 400, &p.s2);
+    publish_pending(f, 42, &p.g, &p.d);
+    bg_start(&bg, p.k, &p.d, f->dst, f->cap, p.s2, 0);
     sleep_ms(50);
     /* The destroy waits for the gated publish (its shutdown bound is 10 s). */
     x.pool = f->pool;
@@ -835,22 +903,22 @@ static void test_fabric_pool_destroyed_during_host_wait(void **state)
     st = bg_join(&bg);
     print_message("wait while the pool is destroyed: %d (%s)\n", st, bg.message);
     if (st != VMMT_ETIMEDOUT && st != VMMT_ECLOSED) fail_msg("status %d: %s", st, bg.message);
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
-    gate_open_later(&g, 0);
-    gate_free(&g);
+    assert_int_equal(drv()->cuStreamQuery(p.s2), CUDA_SUCCESS);
+    gate_open_later(&p.g, 0);
+    gate_free(&p.g);
     assert_int_equal(pthread_join(x.t, NULL), 0);
     sync_s(f->stream);
-    st = vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0);
+    st = vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0);
     print_message("consume after the destroy: %d (%s)\n", st, st ? vmmt_last_error() : "");
     if (st == VMMT_OK) {
-        sync_s(s2);
-        if (vmmt_consumer_check(k, &d) == VMMT_OK) expect(f, f->dst, N, 42);
+        sync_s(p.s2);
+        if (vmmt_consumer_check(p.k, &p.d) == VMMT_OK) expect(f, f->dst, N, 42);
     } else {
         assert_true(st == VMMT_ECLOSED || st == VMMT_ESTATE || st == VMMT_ETIMEDOUT);
-        assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
+        assert_int_equal(drv()->cuStreamQuery(p.s2), CUDA_SUCCESS);
     }
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    free_stream(p.s2);
+    vmmt_consumer_destroy(p.k);
 }
 
 /*
@@ -860,40 +928,28 @@ static void test_fabric_pool_destroyed_during_host_wait(void **state)
 static void test_fabric_consume_after_pool_destroyed_pending(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
     struct destroyer x;
-    vmmt_consumer *k;
-    struct gate g;
-    CUstream s2;
-    vmmt_desc d, d0;
+    struct pending p;
     int st;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 10000);
-    k = make_consumer(300);
-    s2 = new_stream();
-    put(f, f->src, N, 43);
+    p.k = fabric_setup(f, 1, 10000, 300, &p.s2);
     /* Import first (a landed descriptor), so the pool is mapped here. */
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d0));
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consume(k, &d0, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    import_first(f, p.k, p.s2, 43, 0);
+    publish_gated(f, &p.g, &p.d);
     x.pool = f->pool;
     f->pool = NULL;
     assert_int_equal(pthread_create(&x.t, NULL, destroy_run, &x), 0);
     sleep_ms(50);
-    st = vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0);
+    st = vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0);
     print_message("consume after a destroy began: %d (%s)\n", st, vmmt_last_error());
     if (st != VMMT_ETIMEDOUT && st != VMMT_ECLOSED)
         fail_msg("status %d: %s", st, vmmt_last_error());
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
-    gate_open_later(&g, 0);
-    gate_free(&g);
+    assert_int_equal(drv()->cuStreamQuery(p.s2), CUDA_SUCCESS);
+    gate_open_later(&p.g, 0);
+    gate_free(&p.g);
     assert_int_equal(pthread_join(x.t, NULL), 0);
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    free_stream(p.s2);
+    vmmt_consumer_destroy(p.k);
 }
 
 /*
@@ -903,35 +959,25 @@ static void test_fabric_consume_after_pool_destroyed_pending(void **state)
  */
 static void waits_for_late_bytes(struct fixture *f, int timeout_ms, uint32_t pattern)
 {
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
-    CUstream s2;
-    vmmt_desc d;
+    struct pending p;
     long w;
     int st;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(timeout_ms);
-    s2 = new_stream();
-    put(f, f->src, N, pattern);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    pending_setup(f, &p, timeout_ms, pattern);
     w = stream_waits();
-    gate_open_later(&g, 300);
-    st = vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0);
+    gate_open_later(&p.g, 300);
+    st = vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0);
     if (st != VMMT_OK) {
-        gate_free(&g);
+        gate_free(&p.g);
         fail_msg("timeout_ms=%d: %d after a 300 ms gate: %s", timeout_ms, st, vmmt_last_error());
     }
-    gate_free(&g);
+    gate_free(&p.g);
     assert_int_equal(stream_waits(), w);
-    sync_s(s2);
+    sync_s(p.s2);
     expect(f, f->dst, N, pattern);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    free_stream(p.s2);
+    vmmt_consumer_destroy(p.k);
 }
 
 static void test_fabric_timeout_zero_is_default(void **state)
@@ -952,31 +998,14 @@ static void test_fabric_timeout_3e6(void **state)
 static void test_fabric_timeout_1ms(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
-    CUstream s2;
-    vmmt_desc d;
+    struct pending p;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(1);
-    s2 = new_stream();
-    put(f, f->src, N, 53);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    assert_int_equal(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
-    expect_timeout_message(&d, 1);
-    assert_int_equal(vmmt_consumer_ack(k, &d, 0, s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
-    expect(f, f->dst, N, 53);
-    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    pending_setup(f, &p, 1, 53);
+    consume_times_out(f, &p);
+    expect_timeout_message(&p.d, 1);
+    assert_int_equal(vmmt_consumer_ack(p.k, &p.d, 0, p.s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
+    open_gate(f, &p.g);
+    consume_and_finish(f, p.k, &p.d, p.s2, 53);
 }
 
 static void test_consumer_timeout_negative_refused(void **state)
@@ -1003,40 +1032,32 @@ static void test_consumer_timeout_negative_refused(void **state)
 static void test_fabric_two_ranks_wait_together(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
+    struct pending p;
     struct bg b0, b1;
-    struct gate g;
-    CUstream s2, s3;
-    vmmt_desc d;
+    CUstream s3;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 2, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(8000);
-    s2 = new_stream();
+    p.k = fabric_setup(f, 2, 0, 8000, &p.s2);
     s3 = new_stream();
-    put(f, f->src, N, 60);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    bg_start_ranks(&b0, k, &d, f->dst, N, s2, 0, 0, 1);
-    bg_start_ranks(&b1, k, &d, f->dst + 64 * 1024, N, s3, 0, 1, 1);
+    publish_pending(f, 60, &p.g, &p.d);
+    bg_start_ranks(&b0, p.k, &p.d, f->dst, N, p.s2, 0, 0, 1);
+    bg_start_ranks(&b1, p.k, &p.d, f->dst + 64 * 1024, N, s3, 0, 1, 1);
     sleep_ms(200);
-    gate_open_later(&g, 0);
+    gate_open_later(&p.g, 0);
     if (bg_join(&b0) != VMMT_OK) fail_msg("rank 0: %d: %s", b0.status, b0.message);
     if (bg_join(&b1) != VMMT_OK) fail_msg("rank 1: %d: %s", b1.status, b1.message);
-    gate_free(&g);
-    sync_s(s2);
+    gate_free(&p.g);
+    sync_s(p.s2);
     sync_s(s3);
     expect_at(f->dst, N, 60);
     expect_at(f->dst + 64 * 1024, N, 60);
-    assert_vmmt_ok(vmmt_consumer_check(k, &d));
-    assert_int_equal(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, 0, 1), VMMT_ESTATE);
-    assert_int_equal(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, 1, 1), VMMT_ESTATE);
+    assert_vmmt_ok(vmmt_consumer_check(p.k, &p.d));
+    assert_int_equal(vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, 0, 1), VMMT_ESTATE);
+    assert_int_equal(vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, 1, 1), VMMT_ESTATE);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
     assert_int_equal(stats(f->pool).recycled, 1);
-    free_stream(s2);
+    free_stream(p.s2);
     free_stream(s3);
-    vmmt_consumer_destroy(k);
+    vmmt_consumer_destroy(p.k);
 }
 
 /*
@@ -1047,38 +1068,28 @@ static void test_fabric_timeout_leaves_other_descriptors_alone(void **state)
 {
     struct fixture *f = *state;
     vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
-    CUstream s2;
+    struct pending p;
     vmmt_desc d1, d2, d3;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(100);
-    s2 = new_stream();
+    p.k = fabric_setup(f, 1, 0, 100, &p.s2);
     put(f, f->src, N, 70);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d1));
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d3));
     sync_s(f->stream);
-    gate_close(&g, f->stream);
+    gate_close(&p.g, f->stream);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d2));
-    assert_int_equal(vmmt_consume(k, &d2, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0),
+    assert_int_equal(vmmt_consume(p.k, &d2, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0),
                      VMMT_ETIMEDOUT);
-    assert_vmmt_ok(vmmt_consume(k, &d1, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
+    assert_vmmt_ok(vmmt_consume(p.k, &d1, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0));
+    sync_s(p.s2);
     expect_at(f->dst, N, 70); /* f->stream is gated */
-    assert_int_equal(vmmt_consumer_ack(k, &d2, 0, s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
-    assert_vmmt_ok(vmmt_consumer_ack(k, &d3, 0, s2, VMMT_ALL_RANKS, 0));
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consume(k, &d2, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
+    assert_int_equal(vmmt_consumer_ack(p.k, &d2, 0, p.s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
+    assert_vmmt_ok(vmmt_consumer_ack(p.k, &d3, 0, p.s2, VMMT_ALL_RANKS, 0));
+    open_gate(f, &p.g);
+    assert_vmmt_ok(vmmt_consume(p.k, &d2, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0));
+    sync_s(p.s2);
     expect(f, f->dst, N, 70);
-    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    assert_int_equal(stats(f->pool).recycled, 3);
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    finish_recycled(f, &p, 3);
 }
 
 /*
@@ -1091,33 +1102,24 @@ static void test_fabric_timeout_leaves_other_descriptors_alone(void **state)
 static void test_fabric_retry_after_another_consumer_took_it(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
     vmmt_consumer *k1, *k2;
-    struct gate g;
-    CUstream s2;
-    vmmt_desc d;
+    struct pending p;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k1 = make_consumer(100);
+    k1 = fabric_setup(f, 1, 0, 100, &p.s2);
     k2 = make_consumer(5000);
-    s2 = new_stream();
-    put(f, f->src, N, 71);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    assert_int_equal(vmmt_consume(k1, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0),
+    publish_pending(f, 71, &p.g, &p.d);
+    assert_int_equal(vmmt_consume(k1, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0),
                      VMMT_ETIMEDOUT);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consume(k2, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
+    open_gate(f, &p.g);
+    assert_vmmt_ok(vmmt_consume(k2, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0));
+    sync_s(p.s2);
     expect(f, f->dst, N, 71);
-    assert_true(wait_acked(f, &d, 0));
-    assert_int_equal(vmmt_consume(k1, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
-    assert_int_equal(vmmt_consumer_ack(k1, &d, 0, s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
+    assert_true(wait_acked(f, &p.d, 0));
+    assert_int_equal(vmmt_consume(k1, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+    assert_int_equal(vmmt_consumer_ack(k1, &p.d, 0, p.s2, VMMT_ALL_RANKS, 0), VMMT_ESTATE);
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
+    free_stream(p.s2);
     vmmt_consumer_destroy(k1);
     vmmt_consumer_destroy(k2);
 }
@@ -1130,41 +1132,18 @@ static void test_fabric_retry_after_another_consumer_took_it(void **state)
 static void test_fabric_evict_during_host_wait(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
+    struct pending p;
     struct bg bg;
-    CUstream s2;
-    vmmt_desc d, d0;
     int st, ev;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(1500);
-    s2 = new_stream();
-    put(f, f->src, N, 72);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d0));
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consume(k, &d0, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0)); /* import */
-    sync_s(s2);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    bg_start(&bg, k, &d, f->dst, f->cap, s2, 0);
+    imported_pending_setup(f, &p, 1500, 72);
+    bg_start(&bg, p.k, &p.d, f->dst, f->cap, p.s2, 0);
     sleep_ms(300);
-    ev = vmmt_consumer_evict(k, info(&d).pool_id, 0);
+    ev = vmmt_consumer_evict(p.k, info(&p.d).pool_id, 0);
     st = bg_join(&bg);
     assert_true(ev == VMMT_ESTATE || ev == VMMT_OK);
     if (st != VMMT_ETIMEDOUT) fail_msg("status %d (evict %d): %s", st, ev, bg.message);
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
-    expect(f, f->dst, N, 72);
-    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    retry_after_failure(f, &p, 72);
 }
 
 /*
@@ -1175,43 +1154,20 @@ static void test_fabric_evict_during_host_wait(void **state)
 static void test_fabric_row_read_fails_during_wait(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
-    CUstream s2;
-    vmmt_desc d, d0;
+    struct pending p;
     long w;
     int st;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(300);
-    s2 = new_stream();
-    put(f, f->src, N, 73);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d0));
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consume(k, &d0, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0)); /* import */
-    sync_s(s2);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    imported_pending_setup(f, &p, 300, 73);
     w = stream_waits();
     emu_fail("cuMemcpyDtoHAsync:*:CUDA_ERROR_UNKNOWN");
-    st = vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0);
+    st = vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0);
     setenv("VMMT_EMU_FAIL", "", 1);
     vmmt__emu_configure();
     assert_int_not_equal(st, VMMT_OK);
     assert_int_equal(stream_waits(), 0); /* configure reset the counters: none since */
     (void)w;
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
-    expect(f, f->dst, N, 73);
-    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    retry_after_failure(f, &p, 73);
 }
 
 /*
@@ -1222,33 +1178,15 @@ static void test_fabric_row_read_fails_during_wait(void **state)
 static void test_fabric_destroy_consumer_after_timeout(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
-    CUstream s2;
-    vmmt_desc d;
+    struct pending p;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(100);
-    s2 = new_stream();
-    put(f, f->src, N, 74);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    assert_int_equal(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
-    vmmt_consumer_destroy(k);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
-    sleep_ms(50);
-    assert_int_not_equal(table_word(f, &d, 1), info(&d).generation);
-    assert_int_equal(stats(f->pool).in_flight, 1);
+    pending_setup(f, &p, 100, 74);
+    consume_times_out(f, &p);
+    vmmt_consumer_destroy(p.k);
+    open_gate(f, &p.g);
+    expect_not_acked(f, &p.d);
     /* A fresh consumer (a restarted process) still gets it. */
-    assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
-    expect(f, f->dst, N, 74);
-    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
+    consume_and_finish(f, f->consumer, &p.d, p.s2, 74);
 }
 
 /*
@@ -1262,44 +1200,32 @@ static void test_fabric_destroy_consumer_after_timeout(void **state)
 static void busy_stream(struct fixture *f, int pending)
 {
     vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g, held;
-    CUstream s2;
-    vmmt_desc d;
+    struct pending p;
+    struct gate held;
     int st;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(200);
-    s2 = new_stream();
-    put(f, f->src, N, 90);
-    /* Import first, on an idle stream. */
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consumer_ack(k, &d, 0, s2, VMMT_ALL_RANKS, 0));
-    sync_s(s2);
-    if (pending) gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    p.k = fabric_setup(f, 1, 0, 200, &p.s2);
+    import_first(f, p.k, p.s2, 90, 1); /* on an idle stream */
+    if (pending) gate_close(&p.g, f->stream);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &p.d));
     if (!pending) sync_s(f->stream);
-    gate_close(&held, s2);
-    st = vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0);
+    gate_close(&held, p.s2);
+    st = vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0);
     gate_open_later(&held, 0);
-    gate_free(&held); /* asserts s2 did not fail */
+    gate_free(&held); /* asserts p.s2 did not fail */
     if (pending) {
         assert_int_equal(st, VMMT_ETIMEDOUT);
-        gate_open_later(&g, 0);
-        gate_free(&g);
-        sync_s(f->stream);
-        assert_vmmt_ok(vmmt_consume(k, &d, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
+        open_gate(f, &p.g);
+        assert_vmmt_ok(vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, p.s2, VMMT_ALL_RANKS, 0));
     } else {
         assert_vmmt_ok(st);
     }
-    sync_s(s2);
+    sync_s(p.s2);
     expect(f, f->dst, N, 90);
-    assert_vmmt_ok(vmmt_consumer_check(k, &d));
+    assert_vmmt_ok(vmmt_consumer_check(p.k, &p.d));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
-    vmmt_consumer_destroy(k);
+    free_stream(p.s2);
+    vmmt_consumer_destroy(p.k);
 }
 
 static void test_fabric_busy_consumer_stream_landed(void **state)
@@ -1322,46 +1248,35 @@ static void test_fabric_busy_consumer_stream_pending(void **state)
 static void test_fabric_abandoned_during_host_wait(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
+    struct pending p;
     struct bg bg;
-    CUstream s2, s3;
-    vmmt_desc d;
+    CUstream s3;
     uint32_t gen;
     long w;
     int st;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(30000);
-    s2 = new_stream();
+    p.k = fabric_setup(f, 1, 0, 30000, &p.s2);
     s3 = new_stream();
-    put(f, f->src, N, 91);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    gen = info(&d).generation;
+    publish_pending(f, 91, &p.g, &p.d);
+    gen = info(&p.d).generation;
     w = stream_waits();
-    bg_start(&bg, k, &d, f->dst, f->cap, s2, 0);
+    bg_start(&bg, p.k, &p.d, f->dst, f->cap, p.s2, 0);
     sleep_ms(200);
     assert_int_equal(drv()->cuStreamWriteValue32(
-                         s3, vmmt__ctrl_ready(f->pool->ctrl_dev, f->pool->stride, info(&d).slot),
+                         s3, vmmt__ctrl_ready(f->pool->ctrl_dev, f->pool->stride, info(&p.d).slot),
                          gen + 2, CU_STREAM_WRITE_VALUE_DEFAULT),
                      CUDA_SUCCESS);
     sync_s(s3);
     st = bg_join(&bg); /* 30 s would be the timeout; the word ends it */
-    assert_int_equal(stream_waits(), w);
-    assert_int_equal(drv()->cuStreamQuery(s2), CUDA_SUCCESS);
-    assert_int_not_equal(table_word(f, &d, 1), gen);
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
+    expect_nothing_queued(w, p.s2);
+    assert_int_not_equal(table_word(f, &p.d, 1), gen);
+    open_gate(f, &p.g);
     /* The live producer's copy then writes LIVE; hand the slot back for the teardown. */
     assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 0));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    free_stream(s2);
+    free_stream(p.s2);
     free_stream(s3);
-    vmmt_consumer_destroy(k);
+    vmmt_consumer_destroy(p.k);
     if (st != VMMT_ECLOSED) fail_msg("status %d, expected VMMT_ECLOSED: %s", st, bg.message);
 }
 
@@ -1378,30 +1293,21 @@ static void test_fabric_abandoned_during_host_wait(void **state)
 static void test_fabric_timeout_message_says_what_to_do(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b = bytes(f->src, N);
-    vmmt_consumer *k;
-    struct gate g;
-    vmmt_desc d;
+    struct pending p;
     char msg[1024], slot[48];
     int st;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
-    make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
-    k = make_consumer(100);
-    put(f, f->src, N, 92);
-    gate_close(&g, f->stream);
-    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
-    st = vmmt_consume(k, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0);
+    p.k = fabric_setup(f, 1, 0, 100, NULL); /* consumed on f->stream */
+    publish_pending(f, 92, &p.g, &p.d);
+    st = vmmt_consume(p.k, &p.d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0);
     snprintf(msg, sizeof msg, "%s", vmmt_last_error());
-    gate_open_later(&g, 0);
-    gate_free(&g);
-    sync_s(f->stream);
-    assert_vmmt_ok(vmmt_consumer_ack(k, &d, 0, f->stream, VMMT_ALL_RANKS, 0));
+    open_gate(f, &p.g);
+    assert_vmmt_ok(vmmt_consumer_ack(p.k, &p.d, 0, f->stream, VMMT_ALL_RANKS, 0));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    vmmt_consumer_destroy(k);
+    vmmt_consumer_destroy(p.k);
     assert_int_equal(st, VMMT_ETIMEDOUT);
     assert_non_null(strstr(msg, "generation"));
-    snprintf(slot, sizeof slot, "slot %u", info(&d).slot);
+    snprintf(slot, sizeof slot, "slot %u", info(&p.d).slot);
     if (strstr(msg, "retr") == NULL || strstr(msg, slot) == NULL)
         fail_msg("DEFECT: the timeout's message says no \"what to do\" beyond a question, "
                  "nor which slot: %s",
@@ -1452,7 +1358,7 @@ static void host_wait_holds_up(struct fixture *f, int other_pool)
     vmmt_desc d1, d3, d4;
     int c_first = 1, d_first = 1, st_a;
 
-    if (!on_emu() || pool_kind_host() || pool_kind_elastic()) skip();
+    need_device_emu();
     /* The gate below may stay closed past the emulator's default 10 s limit. */
     setenv("VMMT_EMU_WAIT_TIMEOUT_MS", "60000", 1);
     make_fabric_pool(f, 1, VMMT_HANDOFF_STREAM, 0);
