@@ -395,7 +395,11 @@ static void landed_no_wait(struct fixture *f, vmmt_consumer *k)
 static void test_fabric_landed_queues_no_stream_wait(void **state)
 {
     struct fixture *f = *state;
-    vmmt_consumer *k = fabric_setup(f, 1, 0, 1, NULL); /* a landed buffer needs no time at all */
+    /* A landed buffer needs no wait: the stream-wait count says so. Not a
+     * 1 ms timeout, which the import's own reads can exceed under
+     * ThreadSanitizer (CI, 2026-12-02: "reading the producer's control
+     * table took more than 1 ms"). */
+    vmmt_consumer *k = fabric_setup(f, 1, 0, 5000, NULL);
 
     landed_no_wait(f, k);
     vmmt_consumer_destroy(k);
