@@ -1004,12 +1004,17 @@ static void test_fabric_timeout_1ms(void **state)
     struct fixture *f = *state;
     struct pending p;
 
+    /* With 1 ms, the import's own control-table reads may be what runs out
+     * first under ThreadSanitizer (CI, 2026-12-02): VMMT_ETIMEDOUT either
+     * way, nothing queued; the retry goes through a consumer of the default
+     * timeout, which the import can always meet. */
     pending_setup(f, &p, 1, 53);
     consume_times_out(f, &p);
-    expect_timeout_message(&p.d, 1);
     assert_int_equal(vmmt_consumer_ack(p.k, &p.d, 0, p.s2, VMMT_ALL_RANKS, 0), VMMT_ETIMEDOUT);
+    assert_int_equal(drv()->cuStreamQuery(p.s2), CUDA_SUCCESS);
     open_gate(f, &p.g);
-    consume_and_finish(f, p.k, &p.d, p.s2, 53);
+    vmmt_consumer_destroy(p.k);
+    consume_and_finish(f, make_consumer(5000), &p.d, p.s2, 53);
 }
 
 static void test_consumer_timeout_negative_refused(void **state)
