@@ -104,6 +104,15 @@ VMMT_API const char *vmmt_strerror(int status);
  */
 VMMT_API const char *vmmt_last_error(void);
 
+/*
+ * Set the calling thread's vmmt_last_error() to message (copied; truncated
+ * at 4 KiB; NULL reads "no message given") and vmmt_last_status() to
+ * status, and return status. For libraries built on this API alone
+ * (libvmmt_mpi, an engine's own adapter), so that their failures leave a
+ * message as vmmt's own calls do.
+ */
+VMMT_API int vmmt_set_error(int status, const char *message);
+
 /* Status of the last failure on the calling thread (VMMT_OK if none). */
 VMMT_API int vmmt_last_status(void);
 
@@ -711,6 +720,9 @@ VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, i
  * Call it after synchronizing the consume's stream, before using the bytes,
  * wherever producers may die: it judges copies completed by then, and reads
  * a shared table's ready word, whatever this process has seen of the death.
+ * It judges copies: of a descriptor this process never consumed it knows
+ * only a shared table's ABANDONED, and otherwise says OK; it is not a test of
+ * whether a descriptor is live (vmmt_consume refuses one that is not).
  * VMMT_EPROTO for a descriptor whose seal fails. A consumer learns of a producer's death
  * through the broker connection (POSIX_FD pools); consumes of such a pool
  * then fail with VMMT_ECLOSED, and the pool is let go once its copies are

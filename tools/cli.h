@@ -97,4 +97,7 @@ void cli_json_string(FILE *f, const char *s);
 /* Bytes in words: "4 MiB", "1.5 GiB", "96 KiB", "100 bytes" (buf of 32 bytes at least). */
 const char *cli_bytes(uint64_t n, char *buf, size_t cap);
 
+/* s as an int from lo to hi (digits only, an optional minus); 0, or -1 when it is not. */
+int cli_parse_int(const char *s, int lo, int hi, int *out);
+
 #endif

@@ -60,6 +60,15 @@ static int parse_int(const char *s, double *out)
     return 0;
 }
 
+int cli_parse_int(const char *s, int lo, int hi, int *out)
+{
+    double v;
+
+    if (s == NULL || parse_int(s, &v) != 0 || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
 /* A size: digits, then K, M, G or T (binary), then an optional "iB" or "B". */
 static int parse_size(const char *s, double *out)
 {

@@ -78,9 +78,15 @@ int demo_consumer_main(int argc, char **argv)
     int rc = CLI_OK;
 
     memset(&c, 0, sizeof c);
-    if (argc < 3) return CLI_ERROR;
-    c.device = atoi(argv[1]);
-    c.rank = atoi(argv[2]);
+    /* Internal arguments, from vmmt demo itself: anything else is a caller's mistake. */
+    if (argc < 3 || cli_parse_int(argv[1], 0, 1 << 16, &c.device) != 0 ||
+        cli_parse_int(argv[2], 0, 1 << 16, &c.rank) != 0) {
+        fprintf(stderr,
+                "vmmt demo consumer: expected DEVICE RANK (numbers from 0), got \"%s\" "
+                "\"%s\": it is started by vmmt demo, not by hand\n",
+                argc > 1 ? argv[1] : "", argc > 2 ? argv[2] : "");
+        return CLI_ERROR;
+    }
     if (argc >= 5 && strcmp(argv[3], "--driver") == 0 && cli_select_driver(argv[4]) != CLI_OK)
         return CLI_ERROR;
     c.d = vmmt__drv();

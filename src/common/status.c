@@ -48,6 +48,11 @@ int vmmt_last_cuda_error(void)
     return t_cuda;
 }
 
+int vmmt_set_error(int status, const char *message)
+{
+    return vmmt__fail(status, "%s", message != NULL ? message : "no message given");
+}
+
 void vmmt__clear(void)
 {
     t_msg[0] = '\0';

@@ -77,17 +77,26 @@ VMMT_API int vmmt_group_mpi_collective(MPI_Comm comm, vmmt_group_collective *out
                                        int *world_size)
 {
     struct mpi_ctx *m;
-    int init = 0;
+    int init = 0, rc;
 
     if (out != NULL) memset(out, 0, sizeof *out);
-    if (comm == MPI_COMM_NULL || out == NULL || rank == NULL || world_size == NULL)
-        return VMMT_EINVAL;
+    if (out == NULL || rank == NULL || world_size == NULL)
+        return vmmt_set_error(VMMT_EINVAL,
+                              "vmmt_group_mpi_collective: out, rank and world_size are required");
+    if (comm == MPI_COMM_NULL)
+        return vmmt_set_error(VMMT_EINVAL, "vmmt_group_mpi_collective: the communicator is "
+                                           "MPI_COMM_NULL: pass the job's (MPI_COMM_WORLD)");
     MPI_Initialized(&init);
-    if (!init) return VMMT_ESTATE;
-    if ((m = calloc(1, sizeof *m)) == NULL) return VMMT_ENOMEM;
-    if (MPI_Comm_dup(comm, &m->comm) != MPI_SUCCESS) {
+    if (!init)
+        return vmmt_set_error(VMMT_ESTATE, "vmmt_group_mpi_collective: MPI is not initialised: "
+                                           "call MPI_Init first");
+    if ((m = calloc(1, sizeof *m)) == NULL)
+        return vmmt_set_error(VMMT_ENOMEM, "vmmt_group_mpi_collective: no memory");
+    if ((rc = MPI_Comm_dup(comm, &m->comm)) != MPI_SUCCESS) {
+        char why[MPI_MAX_ERROR_STRING + 64];
         free(m);
-        return VMMT_ESYS;
+        mpi_reason(rc, "vmmt_group_mpi_collective: MPI_Comm_dup", why, sizeof why);
+        return vmmt_set_error(VMMT_ESYS, why);
     }
     /* Errors come back as codes, so the group can say which collective failed. */
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
@@ -114,7 +123,8 @@ VMMT_API int vmmt_group_create_mpi_size(const vmmt_group_config *config, size_t 
     if (config == NULL || out == NULL || size < GROUP_CONFIG_V1 || size > VMMT__STRUCT_MAX)
         return vmmt_group_create_size(config, size, out);
     /* The caller's size, not ours: rank, world_size and collective are in every version. */
-    if ((c = calloc(1, size)) == NULL) return VMMT_ENOMEM;
+    if ((c = calloc(1, size)) == NULL)
+        return vmmt_set_error(VMMT_ENOMEM, "vmmt_group_create_mpi: no memory");
     memcpy(c, config, size);
     c->collective.close = NULL;
     st = vmmt_group_mpi_collective(comm, &c->collective, &c->rank, &c->world_size);

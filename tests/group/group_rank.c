@@ -259,6 +259,14 @@ static int run(const char *adapter, const char *job, void *comm)
         st = vmmt_group_local_collective(job, g_rank, g_world, 10000, &c.collective);
     } else {
 #ifdef GROUP_RANK_MPI
+        /* A refused call leaves its message, as every vmmt call does. */
+        vmmt_group_collective none;
+        st = vmmt_group_mpi_collective(MPI_COMM_NULL, &none, &c.rank, &c.world_size);
+        if (st != VMMT_EINVAL || strstr(vmmt_last_error(), "MPI_COMM_NULL") == NULL) {
+            printf("rank %d: the collective of MPI_COMM_NULL: %d, \"%s\"\n", g_rank, st,
+                   vmmt_last_error());
+            return 2;
+        }
         st = vmmt_group_mpi_collective(*(MPI_Comm *)comm, &c.collective, &c.rank, &c.world_size);
 #else
         (void)comm;

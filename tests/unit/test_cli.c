@@ -114,6 +114,18 @@ static void test_probe_bad_args(void **state)
                            "library");
 }
 
+/* The demo's child, started by hand with words for numbers, says so instead of atoi's 0. */
+static void test_demo_consumer_bad_args(void **state)
+{
+    const char *args[] = {"demo-consumer", "zero", "1", "--driver", "emu", NULL};
+    const char *args2[] = {"demo-consumer", "0", "1x", "--driver", "emu", NULL};
+    (void)state;
+    assert_int_equal(run_tool(NULL, args, g_out), 2);
+    assert_contains(g_out, "expected DEVICE RANK (numbers from 0), got \"zero\" \"1\"");
+    assert_int_equal(run_tool(NULL, args2, g_out), 2);
+    assert_contains(g_out, "started by vmmt demo, not by hand");
+}
+
 static void test_demo_emu(void **state)
 {
     const char *args[] = {"demo",    "--driver", "emu",    "--consumers", "3",
@@ -244,6 +256,7 @@ int main(void)
         cmocka_unit_test(test_probe_no_driver),
         cmocka_unit_test(test_driver_library_choice),
         cmocka_unit_test(test_probe_bad_args),
+        cmocka_unit_test(test_demo_consumer_bad_args),
         cmocka_unit_test(test_demo_emu),
         cmocka_unit_test(test_no_gpu_rule),
         cmocka_unit_test(test_demo_pool_pressure),
