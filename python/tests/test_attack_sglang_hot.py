@@ -450,12 +450,10 @@ def test_zero_dim_array_keeps_its_shape(clean, no_leaks):
         pool.shutdown()
 
 
-@pytest.mark.xfail(np.lib.NumpyVersion(np.__version__) < "1.25.0", strict=True, reason=(
-    "wrap_tensor takes a bool array (a slice and a proxy), but the NumPy "
-    "consumer cannot rebuild it: numpy.from_dlpack of this NumPy refuses "
-    "bool ('Unsupported dtype in DLTensor'); the slice is released, a retry "
-    "raises vmmt.Stale. Predates 5e97cac; torch consumers are not affected"))
 def test_bool_array_round_trips(clean, no_leaks):
+    # Was a strict xfail with NumPy before 1.25, whose from_dlpack refuses
+    # bool: the proxy is now rebuilt into an array of its own dtype, filled
+    # through out=, which takes a bool array as its bytes.
     pool = make_pool()
     try:
         src = np.array([True, False, True])

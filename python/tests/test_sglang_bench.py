@@ -1,5 +1,6 @@
-"""bench/sglang_handoff.py runs end to end on the emulated driver (its GPU
-run is tests/gpu/run's): a broken script fails here first."""
+"""bench/sglang_handoff.py and bench/sglang_steps.py run end to end on the
+emulated driver (their GPU runs are tests/gpu/run's): a broken script fails
+here first."""
 import json
 import os
 import subprocess
@@ -8,10 +9,23 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
+def _env():
+    return dict(os.environ, VMMT_DRIVER="emu",
+                PYTHONPATH=os.path.dirname(os.path.dirname(__import__("vmmt").__file__)))
+
+
+def test_sglang_steps_bench_smoke():
+    out = subprocess.run([sys.executable, "bench/sglang_steps.py", "--smoke"],
+                         capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("  ")]
+    # Every step of both pools was timed (NumPy: no torch-only steps).
+    assert len(rows) == 16 and all(float(r.split()[-2]) > 0 for r in rows), out.stdout
+
+
 def test_sglang_handoff_bench_smoke(tmp_path):
     path = tmp_path / "sglang.json"
-    env = dict(os.environ, VMMT_DRIVER="emu",
-               PYTHONPATH=os.path.dirname(os.path.dirname(__import__("vmmt").__file__)))
+    env = _env()
     out = subprocess.run([sys.executable, "bench/sglang_handoff.py", "--smoke", "--json",
                           str(path)], capture_output=True, text=True, timeout=300, env=env,
                          cwd=ROOT)

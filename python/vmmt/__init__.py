@@ -381,14 +381,17 @@ class Descriptor(bytes):
     def __reduce__(self):
         return (Descriptor, (bytes(self),))
 
-    def _field(self, i):
+    def _decoded(self):
         # Decoded once: an engine reads several fields of every descriptor it
         # hands on (slot and generation to track it, shape and dtype to
         # rebuild it), and each decode costs about a microsecond and a half.
         fields = self.__dict__.get("_fields")
         if fields is None:
             fields = self.__dict__["_fields"] = _vmmt.desc_inspect(bytes(self))
-        return fields[i]
+        return fields
+
+    def _field(self, i):
+        return self._decoded()[i]
 
     pool_id = property(lambda self: self._field(0), doc="16-byte id of the pool")
     handle_type = property(lambda self: self._field(1), doc="'posix_fd' or 'fabric'")

@@ -59,10 +59,33 @@ def to_cpu(t):
     return t.cpu() if library(t) == TORCH else t
 
 
+# Every proxy that crosses a pipe names its dtype, and every rank rebuilds
+# one from the name: numpy.dtype(...).name alone costs about 4 us, and torch
+# before 2.1 has no dtype.itemsize. The answers, once found, are kept here;
+# a process meets a handful of dtypes, and the caps bound what odd callers
+# (a dtype made per call) can add.
+_CACHE_CAP = 256
+_names, _dtypes, _itemsizes = {}, {}, {}
+
+
+def _kept(cache, key, value):
+    if len(cache) < _CACHE_CAP:
+        cache[key] = value
+    return value
+
+
 def dtype_name(dtype):
     """'float32' for torch.float32, numpy.float32 or numpy.dtype('float32')."""
+    try:
+        return _names[dtype]
+    except (KeyError, TypeError):  # TypeError: unhashable, answered but not kept
+        pass
     name = str(dtype)
-    return name[len("torch."):] if name.startswith("torch.") else numpy.dtype(dtype).name
+    name = name[len("torch."):] if name.startswith("torch.") else numpy.dtype(dtype).name
+    try:
+        return _kept(_names, dtype, name)
+    except TypeError:
+        return name
 
 
 def dtype_of(name, lib):
@@ -70,29 +93,34 @@ def dtype_of(name, lib):
     torch = _torch() if lib == TORCH else None
     if torch is not None:
         return getattr(torch, name)
-    return numpy.dtype(name)
+    try:
+        return _dtypes[name]
+    except (KeyError, TypeError):
+        pass
+    dtype = numpy.dtype(name)
+    return _kept(_dtypes, name, dtype) if isinstance(name, str) else dtype
 
 
 def itemsize(dtype):
     if isinstance(dtype, numpy.dtype):
         return dtype.itemsize
+    try:
+        return _itemsizes[dtype]
+    except (KeyError, TypeError):
+        pass
     size = getattr(dtype, "itemsize", None)  # torch 2.1 and newer
     if size is None:
         size = _torch().empty((), dtype=dtype).element_size()
-    return size
+    try:
+        return _kept(_itemsizes, dtype, size)
+    except TypeError:
+        return size
 
 
 def consumer_library(lib):
     """What a consumer rebuilds with: the producer's library if imported here
     (a rank process of sglang has torch), else NumPy."""
     return TORCH if lib == TORCH and _torch() is not None else NUMPY
-
-
-def from_buffer(buf, lib):
-    """An array that owns a consumed vmmt.Buffer (via DLPack)."""
-    if lib == TORCH:
-        return _torch().from_dlpack(buf)
-    return numpy.from_dlpack(buf)
 
 
 def empty_bytes(nbytes, device, lib, on_device):
@@ -103,6 +131,14 @@ def empty_bytes(nbytes, device, lib, on_device):
         where = "cuda:%d" % device if on_device else "cpu"
         return torch.empty(nbytes, dtype=torch.uint8, device=where)
     return numpy.empty(nbytes, dtype=numpy.uint8)
+
+
+def empty_typed(shape, dtype, device, lib, on_device):
+    """An array of `shape` and `dtype` on `device`, as empty_bytes places it
+    (an int device: torch parses no "cuda:N" string)."""
+    if lib == TORCH:
+        return _torch().empty(tuple(shape), dtype=dtype, device=device if on_device else "cpu")
+    return numpy.empty(tuple(shape), dtype=dtype)
 
 
 def typed_view(flat, offset, nbytes, dtype, shape):

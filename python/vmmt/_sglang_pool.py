@@ -126,6 +126,7 @@ class CudaVmmMemoryPool:
         self._pool = None
         self._fd_broker = None
         self._publish_stream = None
+        self._no_publish_stream = False
         self.allocation_size = 0
         self.posix_socket_path = None
         self.memory_pool = None  # vmmt lends no raw view of the pool's memory
@@ -163,6 +164,7 @@ class CudaVmmMemoryPool:
             if not self.use_fabric:
                 self._fd_broker = _PosixFdBroker(self.posix_socket_path)
             self._publish_stream = self._new_publish_stream()
+            self._no_publish_stream = type(self._publish_stream) is _HostStream
         except BaseException:
             if self._fd_broker is not None:
                 self._fd_broker.close()
@@ -270,11 +272,13 @@ class CudaVmmMemoryPool:
                            self._pool.stats()["in_flight"] == 0):
             self._live.clear()
 
-    def _track(self, desc):
+    def _track(self, desc, slot=None):
         # Under the lock: occupied_chunks iterates the dict, and cancel and
         # prune read before they delete (an outside attack: test_attack_sglang_hot).
+        if slot is None:
+            slot = desc.slot
         with self._lock:
-            self._live[desc.slot] = desc
+            self._live[slot] = desc
 
     def _recycle_chunks(self):
         """Recycle every acknowledged slice now (the library's recycler also
@@ -337,8 +341,7 @@ class CudaVmmMemoryPool:
         except vmmt.NoRoom:
             descs = None  # full now, or never fits: sglang's caller sends the tensor itself
         except vmmt.Error as e:
-            if e.status == vmmt.EFAILED:  # an uncertain failure quarantined the pool
-                self._pool_error = e
+            self._publish_failed(e)
             raise
         if descs is not None and not on_device:
             try:
@@ -352,6 +355,10 @@ class CudaVmmMemoryPool:
                 raise
         return descs
 
+    def _publish_failed(self, error):
+        if error.status == vmmt.EFAILED:  # an uncertain failure quarantined the pool
+            self._pool_error = error
+
     def wrap_tensor(self, tensor):
         """A picklable proxy of `tensor` in the pool, or the tensor in host
         memory (tensor.cpu()) when no slice fits, now or ever (warned once)."""
@@ -361,19 +368,40 @@ class CudaVmmMemoryPool:
         # of the descriptor the library just wrote (BENCHMARKS.md, "From
         # sglang": each step below costs 0.1-1 us of Python).
         torch = sys.modules.get("torch")
-        if torch is not None and type(tensor) is torch.Tensor and tensor.is_cuda and \
-                tensor.is_contiguous():
-            lib, on_device = arrays.TORCH, True
+        if torch is not None and type(tensor) is torch.Tensor and tensor.is_contiguous() and \
+                (tensor.is_cuda or (tensor.is_cpu and self._no_publish_stream)):
+            # _publish inlined for one tensor that needs no publish stream (on
+            # the caller's stream, or host memory the library copies before it
+            # returns): the calls and lists it saves are a tenth of the wrap
+            # (sglang_steps.py).
+            publishers = self._publishers
+            publishers.append(None)
+            try:
+                if self._closing or self._closed or self._pool_error is not None:
+                    self._raise_if_failed()
+                    raise RuntimeError("CUDA VMM multimodal pool is closing")
+                desc = self._pool.publish(tensor)
+            except vmmt.NoRoom:
+                desc = None
+            except vmmt.Error as e:
+                self._publish_failed(e)
+                raise
+            finally:
+                publishers.pop()
+            if desc is None:
+                self._warn_pool_full_once(arrays.nbytes(tensor))
+                return tensor.cpu()
+            lib = arrays.TORCH
         else:
             lib, (tensor,) = self._checked([tensor])
-            on_device = arrays.is_device(tensor)
-        descs = self._publish([tensor], on_device)
-        if descs is None:
-            self._warn_pool_full_once(arrays.nbytes(tensor))
-            return arrays.to_cpu(tensor)
-        desc = descs[0]
-        self._track(desc)
-        return CudaVmmTensorTransportProxy._published(desc, self._proxy_names, tensor.dtype, lib)
+            descs = self._publish([tensor], arrays.is_device(tensor))
+            if descs is None:
+                self._warn_pool_full_once(arrays.nbytes(tensor))
+                return arrays.to_cpu(tensor)
+            desc = descs[0]
+        proxy = CudaVmmTensorTransportProxy._published(desc, self._proxy_names, tensor.dtype, lib)
+        self._track(desc, proxy.control_offset)
+        return proxy
 
     def wrap_tensors(self, tensors):
         """One packed proxy per tensor, all in one slice; None when no slice

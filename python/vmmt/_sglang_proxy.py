@@ -13,6 +13,7 @@ Packed proxies (one per tensor of a request, in one slice) share an owner
 that consumes every member into one flat buffer on first use, so that the
 members are views of one allocation, as sglang's are.
 """
+import copyreg
 import operator
 import threading
 from functools import reduce
@@ -157,8 +158,11 @@ class CudaVmmTensorTransportProxy(_Base):
         self = cls.__new__(cls)
         self._desc, self._lib = desc, library
         self.fabric_handle, self.posix_socket_path, self.allocation_size = names
-        self.data_nbytes, self.control_offset = desc.nbytes, desc.slot
-        self.consumer_count, self.shape, self.dtype = desc.consumer_count, desc.shape, dtype
+        # The fields C decoded as it made the descriptor, read at once rather
+        # than through four properties.
+        fields = desc._decoded()
+        self.data_nbytes, self.control_offset = fields[6], fields[4]
+        self.consumer_count, self.shape, self.dtype = fields[3], fields[8], dtype
         return self
 
     def _fresh(self):
@@ -188,6 +192,20 @@ class CudaVmmTensorTransportProxy(_Base):
         # What crosses the process boundary: never the rebuilt tensor or the
         # acknowledgement state, which are the receiving process's own.
         return self._wire()
+
+    def __reduce__(self):
+        # The wire as one flat tuple, rebuilt by _proxy_from_wire: half the
+        # time of the state dict through __setstate__ each way, on every
+        # request (sglang_steps.py). Pickles of the dict form still load.
+        # A subclass keeps the dict form (its own __getstate__).
+        if type(self) is not CudaVmmTensorTransportProxy:
+            return copyreg.__newobj__, (type(self),), self.__getstate__()
+        desc = self._desc
+        return _proxy_from_wire, (None if desc is None else bytes(desc), self._lib,
+                                  self.fabric_handle, self.posix_socket_path,
+                                  self.allocation_size, self.data_offset, self.data_nbytes,
+                                  self.control_offset, self.consumer_count, tuple(self.shape),
+                                  arrays.dtype_name(self.dtype))
 
     def __setstate__(self, state):
         state = dict(state)
@@ -220,26 +238,28 @@ class CudaVmmTensorTransportProxy(_Base):
             desc = self._need_descriptor()
             runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
                               acknowledge_ranks)
+            nbytes = desc._decoded()[6]
             want = _elements(self.shape) * arrays.itemsize(self.dtype)
-            if want != desc.nbytes:
+            if want != nbytes:
                 error = RuntimeError(
                     "CUDA VMM proxy shape %r of %s holds %d bytes, but the published tensor has "
                     "%d; the pool slice is released and the proxy cannot be reconstructed"
-                    % (tuple(self.shape), arrays.dtype_name(self.dtype), want, desc.nbytes))
+                    % (tuple(self.shape), arrays.dtype_name(self.dtype), want, nbytes))
                 self._consumer_acknowledged = _release(desc, device, runs, error)
                 raise error
+            # Into a tensor of the proxy's shape and dtype from the library's
+            # own allocator (PyTorch's caching allocator on its current
+            # stream): no DLPack import, view or reshape after the copy, and
+            # the memory is counted where the engine counts its own.
+            tensor = arrays.empty_typed(self.shape, self.dtype, device,
+                                        arrays.consumer_library(self._lib), _on_device())
             try:
-                buf = _consumer().consume(desc, device=device, ranks=_span(runs[0]))
+                _consumer().consume(desc, device=device, out=tensor, ranks=_span(runs[0]))
             except Exception as error:
                 self._consumer_acknowledged = _release(desc, device, runs, error)
                 raise
-            _ack(desc, runs[1:], device)
-            lib = arrays.consumer_library(self._lib)
-            tensor = arrays.from_buffer(buf, lib)
-            if tensor.dtype != self.dtype:
-                tensor = tensor.view(self.dtype)
-            if tuple(tensor.shape) != tuple(self.shape):
-                tensor = tensor.reshape(tuple(self.shape))
+            if len(runs) > 1:
+                _ack(desc, runs[1:], device)
             self._consumer_acknowledged = True
             self.reconstruct_tensor, self._device = tensor, device
             return tensor
@@ -270,6 +290,21 @@ class CudaVmmTensorTransportProxy(_Base):
     def __repr__(self):
         return "%s(%r, shape=%r, dtype=%s)" % (type(self).__name__, self._desc,
                                               tuple(self.shape or ()), self.dtype)
+
+
+def _proxy_from_wire(desc, library, fabric_handle, posix_socket_path, allocation_size,
+                     data_offset, data_nbytes, control_offset, consumer_count, shape, dtype):
+    """A proxy unpickled (CudaVmmTensorTransportProxy.__reduce__): its
+    descriptor validated as vmmt.Descriptor, its dtype the library's own."""
+    self = CudaVmmTensorTransportProxy.__new__(CudaVmmTensorTransportProxy)
+    self._desc = None if desc is None else vmmt.Descriptor(desc)
+    self._lib = library
+    self.fabric_handle, self.posix_socket_path = fabric_handle, posix_socket_path
+    self.allocation_size, self.data_offset, self.data_nbytes = (allocation_size, data_offset,
+                                                                data_nbytes)
+    self.control_offset, self.consumer_count, self.shape = control_offset, consumer_count, shape
+    self.dtype = arrays.dtype_of(dtype, library)
+    return self
 
 
 def _align_up(value, alignment):

@@ -4,7 +4,8 @@ on the GPU machine, kept simple (written without a GPU to try it on).
 wrap_tensor of CUDA and CPU tensors into device, elastic and host pools, the
 proxy pickled, reconstruct_on_target_device in this process and in a rank
 process (spawn) on the last GPU, packed members sharing one CUDA buffer, the
-pool-full fallback to the CPU, cancel, and the slices recycled."""
+pool-full fallback to the CPU, cancel, a closed pool's refusal, and the
+slices recycled."""
 import pickle
 
 from gpu_common import need_real_driver, run_module
@@ -98,6 +99,26 @@ def test_full_pool_falls_back_to_cpu_and_cancel_frees():
     finally:
         p.shutdown()
         vs._imported_pool_cache_clear()
+
+
+def test_wrap_of_a_cuda_tensor_after_shutdown_is_refused():
+    """wrap_tensor's inlined path for contiguous CUDA tensors keeps the
+    refusal of the general one: a closed pool raises, nothing published."""
+    need_gpu()
+    p = pool()
+    src = torch.arange(64, dtype=torch.float32, device="cuda")
+    proxy = p.wrap_tensor(src)
+    assert proxy.control_offset == proxy.descriptor.slot and proxy.shape == (64,)
+    assert proxy.data_nbytes == 256 and proxy.dtype == torch.float32
+    p.shutdown()
+    try:
+        p.wrap_tensor(src)
+    except RuntimeError as e:
+        assert "closing" in str(e), e
+    else:
+        raise AssertionError("a closed pool published")
+    assert p._publishers == []
+    vs._imported_pool_cache_clear()
 
 
 def test_rank_process_on_the_last_gpu():
