@@ -2,6 +2,7 @@
 behind, sglang-shaped request items, and the rank process of the two-rank
 test (importable by multiprocessing's spawn children)."""
 import pickle
+import sys
 import types
 
 import numpy as np
@@ -11,6 +12,15 @@ import vmmt
 import vmmt.sglang as vs
 
 MiB = 1 << 20
+
+
+@pytest.fixture
+def fast_switch():
+    """Thread switches every microsecond: more interleavings per second."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
 
 
 @pytest.fixture

@@ -228,9 +228,19 @@ def _resolve_stream(stream, device, array=None):
 # ------------------------------------------------------------------ arrays
 
 def _contiguous(array):
-    """The array itself when C-contiguous, else a contiguous copy (same library)."""
+    """The array itself when C-contiguous, else a contiguous copy (same library).
+    A PyTorch tensor's lazy negation or conjugation is resolved first (a copy):
+    its DLPack export refuses the conjugate bit and drops the negative one, so
+    the bytes published would not be the values read (test_attack_wire). One
+    that requires grad is detached (no copy): publishing only reads it."""
     lib = _library_of(array)
     if lib == "torch":
+        if array.requires_grad:
+            array = array.detach()
+        if array.is_conj():
+            array = array.resolve_conj()
+        if array.is_neg():
+            array = array.resolve_neg()
         return array if array.is_contiguous() else array.contiguous()
     flags = getattr(array, "flags", None)
     if flags is not None and not getattr(flags, "c_contiguous", True):
@@ -262,6 +272,13 @@ def _numpy_bool(array):
     return type(array).__module__ == "numpy" and getattr(array.dtype, "kind", None) == "b"
 
 
+def _torch_bool(array):
+    """A PyTorch bool tensor: PyTorch before 2.0 will not export one through
+    DLPack ("Bool type is not supported by dlpack"); taken as for NumPy."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(array, torch.Tensor) and array.dtype is torch.bool
+
+
 def _native_order(array):
     """DLPack has no byte order: NumPy refuses to export a non-native array
     with a bare BufferError. Say what to do instead."""
@@ -278,6 +295,8 @@ def _capsule(array, stream):
     array is (capsule of its bytes, kDLBool)."""
     if _numpy_bool(array):
         return (_capsule(array.view(sys.modules["numpy"].uint8), stream), _DL_BOOL)
+    if _torch_bool(array):
+        return (_capsule(array.view(sys.modules["torch"].uint8), stream), _DL_BOOL)
     _native_order(array)
     if not hasattr(array, "__dlpack__"):
         raise TypeError("%s has no __dlpack__; vmmt publishes DLPack arrays (PyTorch, CuPy, JAX, "
@@ -981,7 +1000,11 @@ class Consumer:
             raise TypeError("out=%s: give an array with __dlpack__ and __dlpack_device__ (a "
                             "PyTorch, CuPy or NumPy array) of at least desc.nbytes, or leave "
                             "out out for a new Buffer" % type(out).__name__)
-        target = out.view(sys.modules["numpy"].uint8) if _numpy_bool(out) else out
+        target = out
+        if _numpy_bool(out):
+            target = out.view(sys.modules["numpy"].uint8)
+        elif _torch_bool(out):  # its DLPack export, as for publish (_capsule)
+            target = out.view(sys.modules["torch"].uint8)
         kind, dev_id = target.__dlpack_device__()
         if kind in _DL_CUDA_TYPES and device not in (None, dev_id):
             # The copy would run on `device`'s stream, ordered before nothing

@@ -51,7 +51,8 @@ def is_device(t):
 def contiguous(t):
     if library(t) == TORCH:
         return t if t.is_contiguous() else t.contiguous()
-    return numpy.ascontiguousarray(t)
+    # ascontiguousarray makes a 0-d array 1-d: only a copy where one is needed.
+    return t if t.flags.c_contiguous else numpy.ascontiguousarray(t)
 
 
 def to_cpu(t):

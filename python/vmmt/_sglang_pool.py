@@ -361,7 +361,8 @@ class CudaVmmMemoryPool:
 
     def wrap_tensor(self, tensor):
         """A picklable proxy of `tensor` in the pool, or the tensor in host
-        memory (tensor.cpu()) when no slice fits, now or ever (warned once)."""
+        memory (tensor.cpu()) when no slice fits, now or ever (warned once),
+        or when it is empty (nothing to publish; no warning)."""
         # sglang's tokenizer calls this for every feature, on its event loop:
         # a CUDA tensor goes to vmmt.Pool.publish, which checks it in C, with
         # no lock taken here and the proxy made without a second validation
@@ -386,6 +387,10 @@ class CudaVmmMemoryPool:
             except vmmt.Error as e:
                 self._publish_failed(e)
                 raise
+            except ValueError:
+                if tensor.numel() == 0:  # nothing to publish: it goes inline (below)
+                    return tensor.cpu()
+                raise
             finally:
                 publishers.pop()
             if desc is None:
@@ -394,6 +399,10 @@ class CudaVmmMemoryPool:
             lib = arrays.TORCH
         else:
             lib, (tensor,) = self._checked([tensor])
+            if arrays.numel(tensor) == 0:
+                # The library publishes no empty buffer; sglang's callers send
+                # such a tensor inline, as when no slice fits (no warning).
+                return arrays.to_cpu(tensor)
             descs = self._publish([tensor], arrays.is_device(tensor))
             if descs is None:
                 self._warn_pool_full_once(arrays.nbytes(tensor))
@@ -405,15 +414,16 @@ class CudaVmmMemoryPool:
 
     def wrap_tensors(self, tensors):
         """One packed proxy per tensor, all in one slice; None when no slice
-        fits them together (nothing is published: send them another way), or
-        when there are more than 64 (the library's limit for one slice)."""
+        fits them together (nothing is published: send them another way),
+        when there are more than 64 (the library's limit for one slice), or
+        when one is empty."""
         self._raise_if_failed()
         tensors = list(tensors)
         if not tensors:
             return []
         lib, tensors = self._checked(tensors)
-        if len(tensors) > _MAX_PACK:
-            return None
+        if len(tensors) > _MAX_PACK or any(arrays.numel(t) == 0 for t in tensors):
+            return None  # more than a slice holds, or an empty member the library refuses
         descs = self._publish(tensors, all(arrays.is_device(t) for t in tensors))
         if descs is None:
             return None

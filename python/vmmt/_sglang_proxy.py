@@ -87,7 +87,16 @@ def _on_device():
 
 
 def _elements(shape):
-    return reduce(operator.mul, (int(d) for d in shape), 1)
+    """The element count of a shape, or -1 when it is not one (a dimension
+    that is not a non-negative int): a caller may have set any shape."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        return -1
+    for d in dims:
+        if isinstance(d, bool) or not hasattr(d, "__index__") or operator.index(d) < 0:
+            return -1
+    return reduce(operator.mul, (operator.index(d) for d in dims), 1)
 
 
 def _release(desc, device, runs, error):
@@ -239,7 +248,19 @@ class CudaVmmTensorTransportProxy(_Base):
             runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
                               acknowledge_ranks)
             nbytes = desc._decoded()[6]
-            want = _elements(self.shape) * arrays.itemsize(self.dtype)
+            elements = _elements(self.shape)
+            if elements < 0:
+                error = RuntimeError(
+                    "CUDA VMM proxy shape %r is not a shape (dimensions must be non-negative "
+                    "ints); the pool slice is released and the proxy cannot be reconstructed"
+                    % (self.shape,))
+                self._consumer_acknowledged = _release(desc, device, runs, error)
+                raise error
+            try:
+                want = elements * arrays.itemsize(self.dtype)
+            except Exception as error:  # a dtype this rank's library does not know
+                self._consumer_acknowledged = _release(desc, device, runs, error)
+                raise
             if want != nbytes:
                 error = RuntimeError(
                     "CUDA VMM proxy shape %r of %s holds %d bytes, but the published tensor has "
@@ -247,13 +268,15 @@ class CudaVmmTensorTransportProxy(_Base):
                     % (tuple(self.shape), arrays.dtype_name(self.dtype), want, nbytes))
                 self._consumer_acknowledged = _release(desc, device, runs, error)
                 raise error
-            # Into a tensor of the proxy's shape and dtype from the library's
-            # own allocator (PyTorch's caching allocator on its current
-            # stream): no DLPack import, view or reshape after the copy, and
-            # the memory is counted where the engine counts its own.
-            tensor = arrays.empty_typed(self.shape, self.dtype, device,
-                                        arrays.consumer_library(self._lib), _on_device())
             try:
+                # Into a tensor of the proxy's shape and dtype from the library's
+                # own allocator (PyTorch's caching allocator on its current
+                # stream): no DLPack import, view or reshape after the copy, and
+                # the memory is counted where the engine counts its own. A
+                # failure here (no memory, a dtype of the other library)
+                # releases the slice like a failed copy.
+                tensor = arrays.empty_typed(self.shape, self.dtype, device,
+                                            arrays.consumer_library(self._lib), _on_device())
                 _consumer().consume(desc, device=device, out=tensor, ranks=_span(runs[0]))
             except Exception as error:
                 self._consumer_acknowledged = _release(desc, device, runs, error)
@@ -292,12 +315,36 @@ class CudaVmmTensorTransportProxy(_Base):
                                               tuple(self.shape or ()), self.dtype)
 
 
+def _check_names(desc, fabric_handle, posix_socket_path, data_nbytes, control_offset,
+                 consumer_count):
+    """The fields a proxy reports beside its descriptor must be the
+    descriptor's own: a pickle that pairs one pool's names with another's
+    descriptor is refused, not believed (test_attack_wire). The descriptor
+    alone decides what is copied; this keeps what the proxy says true."""
+    f = desc._decoded()
+    pool_id = f[0]
+    wrong = [name for name, ok in (
+        ("fabric_handle", fabric_handle is None or fabric_handle == pool_id),
+        ("posix_socket_path", posix_socket_path is None or
+         posix_socket_path == "vmmt-broker:" + pool_id.hex()),
+        ("data_nbytes", data_nbytes is None or data_nbytes == f[6]),
+        ("control_offset", control_offset is None or control_offset == f[4]),
+        ("consumer_count", consumer_count is None or consumer_count == f[3])) if not ok]
+    if wrong:
+        raise ValueError("CUDA VMM proxy: %s do(es) not match its descriptor (pool %s, slot %d, "
+                         "%d bytes): the pickle was altered or put together from two proxies"
+                         % (", ".join(wrong), pool_id.hex(), f[4], f[6]))
+
+
 def _proxy_from_wire(desc, library, fabric_handle, posix_socket_path, allocation_size,
                      data_offset, data_nbytes, control_offset, consumer_count, shape, dtype):
     """A proxy unpickled (CudaVmmTensorTransportProxy.__reduce__): its
     descriptor validated as vmmt.Descriptor, its dtype the library's own."""
     self = CudaVmmTensorTransportProxy.__new__(CudaVmmTensorTransportProxy)
     self._desc = None if desc is None else vmmt.Descriptor(desc)
+    if self._desc is not None:
+        _check_names(self._desc, fabric_handle, posix_socket_path, data_nbytes, control_offset,
+                     consumer_count)
     self._lib = library
     self.fabric_handle, self.posix_socket_path = fabric_handle, posix_socket_path
     self.allocation_size, self.data_offset, self.data_nbytes = (allocation_size, data_offset,
@@ -437,9 +484,18 @@ class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
 
     def __setstate__(self, state):
         state = dict(state)
-        self._packed_owner = state.pop("owner")
-        self._packed_index = state.pop("index")
-        self._packed_relative_offset = self._packed_owner.offsets[self._packed_index]
+        owner, index = state.pop("owner"), state.pop("index")
+        # The member rebuilds from its owner's descriptor at `index`: that must
+        # be the one it carries, or it would hand out another member's bytes
+        # under its own name (test_attack_wire).
+        descriptors = getattr(owner, "descriptors", None)
+        if isinstance(index, bool) or not isinstance(index, int) or not descriptors or \
+                not 0 <= index < len(descriptors) or \
+                bytes(descriptors[index]) != bytes(state.get("descriptor") or b""):
+            raise ValueError("CUDA VMM packed proxy: member %r does not carry its owner's "
+                             "descriptor at that index: the pickle was altered" % (index,))
+        self._packed_owner, self._packed_index = owner, index
+        self._packed_relative_offset = owner.offsets[index]
         super().__setstate__(state)
 
     def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count=None,
@@ -450,7 +506,8 @@ class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
                 return self.reconstruct_tensor
             if self._consumer_acknowledged:
                 raise RuntimeError("CUDA VMM tensor has already released its pool slice")
-            want = _elements(self.shape) * arrays.itemsize(self.dtype)
+            elements = _elements(self.shape)
+            want = elements * arrays.itemsize(self.dtype) if elements >= 0 else -1
             if want != self._desc.nbytes:
                 error = RuntimeError(
                     "CUDA VMM packed proxy shape %r of %s holds %d bytes, but the published "

@@ -46,12 +46,33 @@ the safer ones:
   recyclable pool memory could change under its reader once the slice is
   recycled. sglang's VMM proxies do the same.
 - **A failed rebuild releases, and says so.** A reconstruction whose copy
-  fails acknowledges the slice (so a request that will never use it does
-  not hold it) and the proxy refuses a retry ("already released"), as in
-  sglang; where even that acknowledgement cannot be written, the error says
-  the slice is still held and the call may be retried (sglang would raise
-  the cleanup's error). A proxy whose shape or dtype was changed to another
-  size is refused before anything is copied.
+  fails, or whose tensor cannot be allocated, acknowledges the slice (so a
+  request that will never use it does not hold it) and the proxy refuses a
+  retry ("already released"), as in sglang; where even that acknowledgement
+  cannot be written, the error says the slice is still held and the call
+  may be retried (sglang would raise the cleanup's error). A proxy whose
+  shape is not one (a negative or non-int dimension) or whose shape or
+  dtype was changed to another size is refused before anything is copied,
+  and releases; one changed to the same size rebuilds the published bytes
+  as that shape and dtype, as sglang's would.
+- **A rebuilt tensor is the rank's own.** It is allocated with the proxy's
+  shape and dtype by the producer's array library where the rank has it
+  (PyTorch's caching allocator, on its current stream), else by NumPy, and
+  the copy lands in it: it stays valid after the pool is gone.
+- **A proxy is checked as it is unpickled.** Its descriptor is validated,
+  and the names it reports beside it (``data_nbytes``, ``control_offset``,
+  ``consumer_count``, ``posix_socket_path``, ``fabric_handle``) must be the
+  descriptor's, or the pickle is refused (ValueError); a packed member must
+  carry its owner's descriptor at its index. Members of one request are
+  pickled together (one owner); a member pickled alone gets an owner of
+  its own and is refused (``vmmt.Stale``) once its group was consumed
+  through another.
+- **What a wrap takes.** A PyTorch tensor's lazy negation or conjugation is
+  resolved (a copy) and one that requires grad is detached before it is
+  published, so the bytes are the values it reads; bool tensors go as
+  their bytes; an empty tensor is returned as it is (``tensor.cpu()``, no
+  warning) and ``wrap_tensors`` with one returns None. Meta, sparse and
+  quantized tensors raise.
 - **Packed members release together.** Acknowledging or releasing any member
   of a packed publish releases the whole slice for those ranks (the library
   counts one acknowledgement per group); the other members then refuse to
