@@ -121,6 +121,27 @@ def test_wrap_of_a_cuda_tensor_after_shutdown_is_refused():
     vs._imported_pool_cache_clear()
 
 
+def test_lazy_bits_and_grad_are_published_as_values():
+    """A CUDA tensor's negative or conjugate bit, or its autograd state, does
+    not change what the rank rebuilds (test_attack_wire found the sign of a
+    negative view lost on the emulator's path)."""
+    need_gpu()
+    p = pool()
+    try:
+        base = torch.tensor([1 + 2j, -3 + 0.5j], device="cuda")
+        for src in (torch._neg_view(torch.arange(6.0, device="cuda")), base.conj(),
+                    base.conj().imag, torch.arange(4.0, device="cuda").requires_grad_(),
+                    torch.tensor([True, False, True], device="cuda")):
+            want = src.detach().resolve_conj().resolve_neg()
+            t = pickle.loads(pickle.dumps(p.wrap_tensor(src))).reconstruct_on_target_device(
+                0, consumer_count=1)
+            assert t.dtype == want.dtype and torch.equal(t, want), (t, want)
+        assert drained(p)
+    finally:
+        p.shutdown()
+        vs._imported_pool_cache_clear()
+
+
 def test_rank_process_on_the_last_gpu():
     need_gpu()
     import torch.multiprocessing as tmp
