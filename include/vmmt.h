@@ -105,9 +105,12 @@ VMMT_API const char *vmmt_strerror(int status);
 VMMT_API const char *vmmt_last_error(void);
 
 /*
- * Set the calling thread's vmmt_last_error() to message (copied; truncated
- * at 4 KiB; NULL reads "no message given") and vmmt_last_status() to
- * status, and return status. For libraries built on this API alone
+ * Set the calling thread's vmmt_last_error() to message (copied as text,
+ * so '%' is a character; it may be vmmt_last_error() itself or a part of
+ * it; at most 4095 bytes, never cut inside a UTF-8 character; NULL or ""
+ * reads "no message given"), vmmt_last_status() to status (stored as given:
+ * pass a failure's status, one of the negative VMMT_E*) and
+ * vmmt_last_cuda_error() to 0, and return status. For libraries built on this API alone
  * (libvmmt_mpi, an engine's own adapter), so that their failures leave a
  * message as vmmt's own calls do.
  */

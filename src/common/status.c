@@ -50,7 +50,21 @@ int vmmt_last_cuda_error(void)
 
 int vmmt_set_error(int status, const char *message)
 {
-    return vmmt__fail(status, "%s", message != NULL ? message : "no message given");
+    /* An empty message would read as "nothing failed yet". */
+    const char *m = message != NULL && message[0] != '\0' ? message : "no message given";
+    size_t n = strnlen(m, MSG_CAP - 1);
+
+    /* memmove: the message may be vmmt_last_error() itself, or a part of it
+     * (an adapter passing on what it found), which vsnprintf may not read.
+     * A cut never splits a UTF-8 character: back to its first byte. */
+    if (n == MSG_CAP - 1 && ((unsigned char)m[n] & 0xC0) == 0x80)
+        while (n > 0 && ((unsigned char)m[n] & 0xC0) == 0x80)
+            n--;
+    memmove(t_msg, m, n);
+    t_msg[n] = '\0';
+    t_status = status;
+    t_cuda = 0;
+    return status;
 }
 
 void vmmt__clear(void)
