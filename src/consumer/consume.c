@@ -731,19 +731,37 @@ struct ack_note {
     int timeout_ms;
 };
 
-/* A shared table: compare-and-swaps, each only while the ready word shows gen. */
+/*
+ * A shared table: compare-and-swaps, each only while the ready word shows
+ * gen. Whether the copy read the occupant's bytes is judged once, by the
+ * ready word as the acker finds it before the first store: the copy has
+ * completed by then, and the producer writes RETIRED before the slice can
+ * go to anyone else (generation.h). Judged word by word instead, a slot
+ * that this note's own store of one rank completed (the others written by
+ * vmmt_pool_release_rank) could be retired by the recycler before the
+ * next word was read, and a good copy was reported EFAILED
+ * (test_attack_outside3, release_of_later_taken_ranks). A word not written
+ * after that is no question about the bytes: the slot moved on after the
+ * copy, or (a thousand lost races) the slice waits for a release.
+ */
 static int write_shared(void *arg)
 {
     const struct ack_note *n = arg;
     uint32_t *first = n->pool->ctrl.host + vmmt__ctrl_ack(0, n->stride, n->slot, n->first) / 4;
     const uint32_t *ready = n->pool->ctrl.host + vmmt__ctrl_ready(0, n->stride, n->slot) / 4;
 
+    if (vmmt__ctrl_load(ready) != n->gen) {
+        vmmt__log(VMMT_LOG_DEBUG,
+                  "acknowledgement of generation %u not written: the slot moved on during the copy",
+                  n->gen);
+        return 0;
+    }
     for (uint32_t r = 0; r < n->count; r++)
-        if (!vmmt__ctrl_store_ack(&first[r], ready, n->gen)) {
-            vmmt__log(VMMT_LOG_DEBUG,
-                      "acknowledgement of generation %u not written: the slot moved on", n->gen);
-            return 0;
-        }
+        if (!vmmt__ctrl_store_ack(&first[r], ready, n->gen) && vmmt__ctrl_load(ready) == n->gen)
+            vmmt__log(VMMT_LOG_WARN,
+                      "acknowledgement of rank %u for slot %u generation %u lost a thousand "
+                      "races for its word; its slice waits for vmmt_pool_release_rank",
+                      n->first + r, n->slot, n->gen);
     return 1;
 }
 

@@ -60,10 +60,13 @@ static inline uint32_t vmmt__ctrl_load(const uint32_t *word)
  * the ready word moved on, which the re-read then sees. A word that holds
  * gen already was written by the producer (a cancel or a rank's release
  * writes it over the TAKEN word this process's consume put there; no other
- * consumer can), so that is 1 only while the slot still shows gen: once it
- * moved on, the copy this acknowledgement follows may have read the slice's
- * next buffer (test_attack_outside2, cancel_under_queued_copy_check: the
- * check said OK for another buffer's bytes).
+ * consumer can), so that is 1 only while the slot still shows gen. Whether
+ * the copy this acknowledgement follows read the occupant's bytes is not
+ * this word's question: the caller asks the ready word once, after the copy
+ * completed and before the first store (consume.c, write_shared), since a
+ * slot moved on before that may have given the slice to the next buffer
+ * (test_attack_outside2, cancel_under_queued_copy_check), and one moved on
+ * after it, by this very store, did not.
  */
 static inline int vmmt__ctrl_store_ack(uint32_t *word, const uint32_t *ready, uint32_t gen)
 {

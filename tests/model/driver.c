@@ -589,15 +589,6 @@ static struct m_copy *add_copy(int s, int rec, int member, int expect, unsigned 
 }
 
 /*
- * Was one of the copy's ranks released (vmmt_pool_release_rank, or the pool
- * itself for a dead holder) after the copy was made? Then the slot may have
- * been recycled before this process wrote its acknowledgement, which finds
- * the slot moved on and cannot tell whether the slice was reused under the
- * copy: vmmt_consumer_check may then say VMMT_EFAILED (docs/design.md,
- * "Invariants": releasing a live rank is the case the library reports, not
- * prevents).
- */
-/*
  * A member this seat copied of a packed group it never completed, whose ranks
  * another party acknowledged since (another process of the rank completed
  * it, a cancel, a release) or that is no longer LIVE: the slot may have
@@ -626,13 +617,34 @@ static int group_left_open(const struct m_copy *cp, const struct m_rec *r, int s
     return left_open_in(cp, r, cp->ctx) || left_open_in(cp, r, M.seat[s].ctx);
 }
 
+/*
+ * Were the copy's ranks released (vmmt_pool_release_rank, or the pool itself
+ * for a dead holder) after the copy was made? Then the slot may have been
+ * recycled before this process wrote its acknowledgement, which finds the
+ * slot moved on and cannot tell whether the slice was reused under the copy:
+ * vmmt_consumer_check may then say VMMT_EFAILED (docs/design.md,
+ * "Invariants": releasing a live rank is the case the library reports, not
+ * prevents). A shared table: all of them. One rank left is a word this
+ * process took (TAKEN) and only its own acknowledgement completes, after the
+ * copy, so the slot was still the occupant's when that acknowledgement
+ * looked: OK (test_attack_outside3, release_of_later_taken_ranks: it said
+ * EFAILED when this process's store of rank 0 completed the slot). A device
+ * table has no taken words: another process of the rank may complete it, so
+ * any one will do.
+ */
 static int released_since(const struct m_copy *cp, const struct m_rec *r)
 {
     const struct m_inst *in = &M.inst[r->inst];
+    int any = 0, all = 1;
 
-    for (int k = 0; k < MT_MAX_RANKS; k++)
-        if ((cp->ranks & (1u << k)) && in->released_at[k] > cp->at) return 1;
-    return 0;
+    for (int k = 0; k < MT_MAX_RANKS; k++) {
+        if (!(cp->ranks & (1u << k))) continue;
+        if (in->released_at[k] > cp->at)
+            any = 1;
+        else
+            all = 0;
+    }
+    return in->shared_table ? any && all : any;
 }
 
 /*
