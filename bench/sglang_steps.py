@@ -142,9 +142,12 @@ def main():
     pools = {k: vs.CudaVmmMemoryPool(64 << 20, 0.05, 0, 1, allow_posix_fallback=True, pool=k)
              for k in ("device", "host")}
     steps = Steps(vs, proxies._consumer(), lib, pools, 0, lib == "torch")
+    ways = {}
     try:
         for kind in ("device", "host"):
             steps.run(kind)
+            st = pools[kind]._pool.stats()
+            ways[kind] = (st.get("kernel_publishes", 0), st["published"])
     finally:
         vs._imported_pool_cache_clear()
         for p in pools.values():
@@ -152,6 +155,9 @@ def main():
     print("sglang_steps: %s on %s, 4 KiB, one process; us p50 / p99" % (lib, vmmt.driver_name()))
     for label, p50, p99 in steps.rows:
         print("  %-48s %8.2f %8.2f" % (label, p50, p99))
+    # How the publishes went to the GPU: one kernel each where the source allowed it.
+    for kind, (kernels, published) in ways.items():
+        print("  %s pool: %d of %d publishes as one kernel" % (kind, kernels, published))
     return 0
 
 

@@ -30,6 +30,8 @@ VMMT_EMU_API int vmmt__emu_live_mappings(void);
 VMMT_EMU_API int vmmt__emu_live_streams(void);
 VMMT_EMU_API int vmmt__emu_live_events(void);
 VMMT_EMU_API int vmmt__emu_live_blocks(void);
+/* Modules loaded (cuModuleLoadData) and not unloaded. */
+VMMT_EMU_API int vmmt__emu_live_modules(void);
 
 /*
  * Primary contexts this process holds retained now (one per device with a

@@ -122,6 +122,16 @@ CUresult vmmt__emu_cuMemHostRegister(void *, size_t, unsigned int);
 CUresult vmmt__emu_cuMemHostUnregister(void *);
 CUresult vmmt__emu_cuMemHostGetDevicePointer(CUdeviceptr *, void *, unsigned int);
 CUresult vmmt__emu_cuPointerGetAttribute(void *, CUpointer_attribute, CUdeviceptr);
+CUresult vmmt__emu_cuPointerGetAttributes(unsigned int, CUpointer_attribute *, void **,
+                                          CUdeviceptr);
+
+/* --- emu_module.c */
+CUresult vmmt__emu_cuModuleLoadData(CUmodule *, const void *);
+CUresult vmmt__emu_cuModuleUnload(CUmodule);
+CUresult vmmt__emu_cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult vmmt__emu_cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int,
+                                  unsigned int, unsigned int, unsigned int, unsigned int, CUstream,
+                                  void **, void **);
 
 /* --- emu_stream.c */
 CUresult vmmt__emu_cuMemcpyDtoDAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream);
@@ -142,6 +152,13 @@ CUresult vmmt__emu_cuEventSynchronize(CUevent);
 CUresult vmmt__emu_cuEventElapsedTime(float *, CUevent, CUevent);
 CUresult vmmt__emu_cuEventDestroy(CUevent);
 CUresult vmmt__emu_cuMemcpyAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+/*
+ * The publish kernel's work on stream hs, for a module of `device`: n bytes
+ * from src to dst, then value into the word, checked when it runs.
+ * CUDA_ERROR_INVALID_HANDLE when the current context is another device's.
+ */
+CUresult vmmt__emu_enqueue_kernel(CUstream hs, int device, uintptr_t dst, uintptr_t src, size_t n,
+                                  uintptr_t word, uint32_t value);
 
 /* Entry prologue: `return`s the injected or initialisation failure. */
 #define EMU_ENTER(fn, need_init)                                                                   \

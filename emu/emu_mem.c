@@ -1017,6 +1017,74 @@ CUresult vmmt__emu_cuPointerGetAttribute(void *data, CUpointer_attribute attribu
     return r;
 }
 
+/*
+ * One attribute of p, the current context's device asking; mutex held. A
+ * cuMemAlloc block is its device's alone (the emulator grants no peer
+ * access to kernels); a mapping is its allocation's, its range is the
+ * mapping, and what the device may do there is what cuMemSetAccess granted.
+ */
+static CUresult attribute_of(CUpointer_attribute a, uintptr_t p, int device, uint64_t *v)
+{
+    struct emu_block *b = g_blocks;
+    struct emu_map *m = NULL;
+    uint64_t bit = device >= 0 && device < EMU_MAX_DEVICES ? 1ULL << device : 0;
+
+    while (b != NULL && !(p >= b->addr && p - b->addr < b->size))
+        b = b->next;
+    if (b == NULL && (m = map_containing(p)) == NULL) return CUDA_ERROR_INVALID_VALUE;
+    switch (a) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *v = b != NULL && b->device < 0 ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *v = (uint64_t)(int64_t)(b != NULL ? b->device : m->alloc->host ? -1 : m->alloc->device);
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *v = b != NULL ? b->addr : m->addr;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *v = b != NULL ? b->size : m->size; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+        if (b != NULL)
+            *v = b->device < 0 || b->device == device ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+                                                      : 0;
+        else
+            *v = (m->write_mask & bit)  ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+                 : (m->read_mask & bit) ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ
+                                        : 0;
+        return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* Each value is written at the width the driver writes it: 4 bytes, or 8 for addresses and sizes.
+ */
+CUresult vmmt__emu_cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data,
+                                          CUdeviceptr p)
+{
+    int device = vmmt__emu_current_device();
+    CUresult r = CUDA_SUCCESS;
+
+    EMU_ENTER(cuPointerGetAttributes, 1);
+    if (n == 0 || attrs == NULL || data == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    vmmt__emu_lock();
+    for (unsigned i = 0; i < n && r == CUDA_SUCCESS; i++) {
+        uint64_t v = 0;
+        if (data[i] == NULL) r = CUDA_ERROR_INVALID_VALUE;
+        if (r == CUDA_SUCCESS) r = attribute_of(attrs[i], p, device, &v);
+        if (r != CUDA_SUCCESS) break;
+        if (attrs[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
+            attrs[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+            memcpy(data[i], &v, 8);
+        else {
+            uint32_t w = (uint32_t)v;
+            memcpy(data[i], &w, 4);
+        }
+    }
+    vmmt__emu_unlock();
+    return r;
+}
+
 int vmmt__emu_is_device_memory(uintptr_t p)
 {
     for (struct emu_block *b = g_blocks; b != NULL; b = b->next)

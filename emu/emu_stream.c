@@ -28,7 +28,15 @@ enum { EVENT_FLAGS = 0x7 }; /* blocking sync, disable timing, interprocess */
 #define STREAM_LEGACY     ((CUstream)0x1)
 #define STREAM_PER_THREAD ((CUstream)0x2)
 
-enum op_kind { OP_COPY, OP_MEMSET, OP_WAIT_VALUE, OP_WRITE_VALUE, OP_RECORD, OP_WAIT_EVENT };
+enum op_kind {
+    OP_COPY,
+    OP_MEMSET,
+    OP_WAIT_VALUE,
+    OP_WRITE_VALUE,
+    OP_RECORD,
+    OP_WAIT_EVENT,
+    OP_KERNEL /* the one kernel the emulator knows (emu_module.c): a copy, then a word */
+};
 
 struct CUevent_st {
     struct CUevent_st *next; /* live list */
@@ -48,6 +56,7 @@ struct emu_op {
     int device; /* the accessing device, for checks when the stream reaches it */
     uintptr_t dst, src;
     size_t n;
+    uintptr_t word; /* OP_KERNEL: where `value` goes once the copy is done */
     int dst_is_dev, src_is_dev;
     unsigned char byte;
     uint32_t value;
@@ -269,9 +278,34 @@ static CUresult wait_record(struct CUevent_st *e, uint64_t seq)
     return r;
 }
 
+/*
+ * The publish kernel: its bytes, then its word, as one operation. A kernel's
+ * addresses are not checked at launch, so a bad one is found only here, as
+ * on a GPU: a fault, which fails the stream.
+ */
+static CUresult run_kernel(const struct emu_op *op)
+{
+    CUresult r;
+
+    vmmt__emu_mem_read_lock();
+    r = ranges_still_valid(op, EMU_ACC_WRITE);
+    vmmt__emu_lock();
+    if (r == CUDA_SUCCESS && vmmt__emu_range_check(op->word, 4, op->device, EMU_ACC_WRITE) != 0)
+        r = CUDA_ERROR_ILLEGAL_ADDRESS;
+    vmmt__emu_unlock();
+    if (r == CUDA_SUCCESS) {
+        memmove((void *)op->dst, (const void *)op->src, op->n);
+        /* The kernel fences its stores system-wide before the word (kernel_ptx.h). */
+        __atomic_store_n((uint32_t *)op->word, op->value, __ATOMIC_RELEASE);
+    }
+    vmmt__emu_mem_read_unlock();
+    return r;
+}
+
 static CUresult run_op(struct emu_op *op)
 {
     switch (op->kind) {
+    case OP_KERNEL: return run_kernel(op);
     case OP_WAIT_VALUE: return run_wait_value(op);
     case OP_RECORD: complete_record(op->event, op->seq, CUDA_SUCCESS); return CUDA_SUCCESS;
     case OP_WAIT_EVENT: return wait_record(op->event, op->seq);
@@ -570,6 +604,31 @@ CUresult vmmt__emu_cuStreamWriteValue32(CUstream hs, CUdeviceptr addr, cuuint32_
     op->dst_is_dev = 1;
     op->value = value;
     return enqueue_checked(hs, op, EMU_ACC_WRITE);
+}
+
+/* Enqueue the publish kernel's work on hs for device (emu_module.c checked the launch). */
+CUresult vmmt__emu_enqueue_kernel(CUstream hs, int device, uintptr_t dst, uintptr_t src, size_t n,
+                                  uintptr_t word, uint32_t value)
+{
+    struct CUstream_st *s;
+    struct emu_op *op;
+    int cur;
+    CUresult r;
+
+    if ((op = new_op(OP_KERNEL, dst, src, n)) == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->dst_is_dev = op->src_is_dev = 1;
+    op->word = word;
+    op->value = value;
+    if ((r = begin(hs, &cur, &s)) == CUDA_SUCCESS && cur != device) r = CUDA_ERROR_INVALID_HANDLE;
+    op->device = device;
+    if (r != CUDA_SUCCESS) {
+        stream_put(s);
+        free_op(op);
+        return r;
+    }
+    r = submit(s, op);
+    stream_put(s);
+    return r;
 }
 
 /* -------------------------------------------------------------- streams */

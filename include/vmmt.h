@@ -580,6 +580,9 @@ typedef struct vmmt_pool_stats {
     uint64_t rank_releases;
     uint64_t released_slices; /* slices acknowledged on behalf of released ranks */
     uint32_t consumer_links;  /* consumer processes whose liveness link is open now */
+    /* Publishes whose copy and ready flag went to the GPU as one kernel, not two submissions:
+     * one device buffer of at most 64 KiB, 16-byte aligned and sized, on the pool's device. */
+    uint64_t kernel_publishes;
 } vmmt_pool_stats;
 
 VMMT_API int vmmt_pool_get_stats_size(vmmt_pool *pool, vmmt_pool_stats *out, size_t out_size);

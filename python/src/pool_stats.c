@@ -49,6 +49,7 @@ static const struct {
     STAT(rank_releases, ST_U64),
     STAT(released_slices, ST_U64),
     STAT(consumer_links, ST_U32),
+    STAT(kernel_publishes, ST_U64),
 };
 #undef STAT
 

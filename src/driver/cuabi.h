@@ -19,6 +19,8 @@ typedef unsigned long long cuuint64_t;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -31,11 +33,13 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_ALREADY_MAPPED = 208,
     CUDA_ERROR_NOT_MAPPED = 211,
+    CUDA_ERROR_INVALID_PTX = 218,
     CUDA_ERROR_OPERATING_SYSTEM = 304,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
@@ -115,8 +119,19 @@ enum { CU_STREAM_DEFAULT = 0x0, CU_STREAM_NON_BLOCKING = 0x1 };
 enum { CU_EVENT_DEFAULT = 0x0, CU_EVENT_DISABLE_TIMING = 0x2 };
 enum { CU_STREAM_WAIT_VALUE_GEQ = 0x0, CU_STREAM_WAIT_VALUE_EQ = 0x1 };
 enum { CU_STREAM_WRITE_VALUE_DEFAULT = 0x0, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER = 0x1 };
-/* What cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE) reports. */
-typedef enum { CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2 } CUpointer_attribute;
+/* What cuPointerGetAttribute(s) are asked: the attributes the publish kernel's check reads. */
+typedef enum {
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+    CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16
+} CUpointer_attribute;
+/* CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: what the current context's device may do there. */
+enum {
+    CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ = 0x1,
+    CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE = 0x3
+};
 typedef enum { CU_MEMORYTYPE_HOST = 0x1, CU_MEMORYTYPE_DEVICE = 0x2 } CUmemorytype;
 
 #define CU_MEMHOSTREGISTER_PORTABLE  0x01

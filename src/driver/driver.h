@@ -76,7 +76,14 @@
     X(cuEventElapsedTime, 2000, (float *, CUevent, CUevent))                                       \
     X(cuEventDestroy, 4000, (CUevent))                                                             \
     X(cuMemcpyAsync, 4000, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                           \
-    X(cuPointerGetAttribute, 4000, (void *, CUpointer_attribute, CUdeviceptr))
+    X(cuPointerGetAttribute, 4000, (void *, CUpointer_attribute, CUdeviceptr))                     \
+    X(cuPointerGetAttributes, 7000, (unsigned int, CUpointer_attribute *, void **, CUdeviceptr))   \
+    X(cuModuleLoadData, 2000, (CUmodule *, const void *))                                          \
+    X(cuModuleUnload, 2000, (CUmodule))                                                            \
+    X(cuModuleGetFunction, 2000, (CUfunction *, CUmodule, const char *))                           \
+    X(cuLaunchKernel, 4000,                                                                        \
+      (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,           \
+       unsigned int, unsigned int, CUstream, void **, void **))
 
 struct vmmt_drv {
     const char *name; /* "cuda", or what the library's vmmt__driver_name() says ("emu") */

@@ -14,6 +14,7 @@
 #include "ctrl.h"
 #include "driver.h"
 #include "pool_internal.h"
+#include "publish_kernel.h"
 #include "status.h"
 
 #define DEFAULT_SLICES 4096
@@ -297,6 +298,7 @@ static int setup_stream(struct vmmt_pool *p)
     }
     st = VMMT_CU(d, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
     if (st != VMMT_OK) return st;
+    vmmt__kernel_load(p);
     /* A shared host table was made with the layout. */
     if (p->host_table) return VMMT_OK;
     p->ctrl_dev = p->map.base + VMMT__CTRL_RECORD_BYTES; /* the rows, after the pool record */
@@ -470,6 +472,7 @@ static void release_all(struct vmmt_pool *p)
                           vmmt__cu_name(r));
             p->stream = NULL;
         }
+        vmmt__kernel_unload(p);
         /* Chunks first: giving one back clears its word in the table. */
         if (p->el != NULL && p->el->words != NULL) vmmt__elastic_release(p);
         if (p->host_table) {
@@ -767,6 +770,7 @@ int vmmt_pool_get_stats_size(vmmt_pool *p, vmmt_pool_stats *theirs, size_t size)
     out->reclaims = p->reclaims;
     out->rank_releases = p->rank_releases;
     out->released_slices = p->released_slices;
+    out->kernel_publishes = __atomic_load_n(&p->kernel_publishes, __ATOMIC_RELAXED);
     if (p->broker != NULL) vmmt__broker_stats(p->broker, &bs);
     out->memory_location = p->host_mem ? VMMT_MEMORY_HOST : VMMT_MEMORY_DEVICE;
     out->device_bytes = p->host_mem ? 0 : out->allocation_size;

@@ -105,6 +105,12 @@ struct vmmt_pool {
     uint64_t in_flight_bytes;
     uint64_t published, recycled, cancelled, full, reclaims;
 
+    /* The publish kernel (publish_kernel.c): NULL where the driver refused it. */
+    CUmodule kmod;
+    CUfunction kfn;
+    int kernel_off;            /* a launch failed: the copies from then on (atomic) */
+    uint64_t kernel_publishes; /* atomic */
+
     /*
      * Host pools (host_pool.c): the allocation is host memory on NUMA node
      * `numa`, written by the CPU; the pool holds no context until a publish

@@ -13,6 +13,7 @@
 #include "driver.h"
 #include "elastic.h"
 #include "pool_internal.h"
+#include "publish_kernel.h"
 #include "status.h"
 
 /*
@@ -254,10 +255,13 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
     CUresult r = CUDA_SUCCESS, sr;
     size_t enqueued = 0;
 
-    int st = vmmt__publish_clear_acks(p, slot, s);
+    int st = vmmt__publish_clear_acks(p, slot, s), kernel;
     if (st == VMMT_OK) st = vmmt__publish_pending(p, slot);
     if (st != VMMT_OK) return st;
-    for (; enqueued < n; enqueued++) {
+    /* One small device buffer: the copy and the ready word as one kernel, where it may run. */
+    kernel = n == 1 && vmmt__kernel_publish(p, &bufs[0], slice + rel[0],
+                                            vmmt__ctrl_ready(p->ctrl_dev, p->stride, slot), gen, s);
+    for (; !kernel && enqueued < n; enqueued++) {
         const vmmt_buffer *b = &bufs[enqueued];
         if (b->location == VMMT_LOC_HOST)
             r = d->cuMemcpyHtoDAsync(slice + rel[enqueued], (const void *)(uintptr_t)b->ptr,
@@ -271,7 +275,7 @@ static int enqueue(struct vmmt_pool *p, const vmmt_buffer *bufs, size_t n, const
             break;
         }
     }
-    if (r == CUDA_SUCCESS) {
+    if (r == CUDA_SUCCESS && !kernel) {
         /* The default flag keeps the memory barrier: consumers that see the
          * flag with a CPU load start their copies with no GPU-side wait, so
          * the copy's bytes must be visible before the flag is. */

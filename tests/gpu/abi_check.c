@@ -28,6 +28,12 @@ int main(void)
     PROTO(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *));
     PROTO(cuMemGetAllocationPropertiesFromHandle,
           (CUmemAllocationProp *, CUmemGenericAllocationHandle));
+    PROTO(cuPointerGetAttributes, (unsigned int, CUpointer_attribute *, void **, CUdeviceptr));
+    PROTO(cuModuleLoadData, (CUmodule *, const void *));
+    PROTO(cuModuleUnload, (CUmodule));
+    PROTO(cuModuleGetFunction, (CUfunction *, CUmodule, const char *));
+    PROTO(cuLaunchKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                           unsigned int, unsigned int, unsigned int, CUstream, void **, void **));
 #endif
     SIZE(CUresult);
     SIZE(CUdevice);
@@ -90,5 +96,14 @@ int main(void)
     VAL(CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
     VAL(CU_MEMORYTYPE_HOST);
     VAL(CU_MEMORYTYPE_DEVICE);
+    VAL(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL);
+    VAL(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR);
+    VAL(CU_POINTER_ATTRIBUTE_RANGE_SIZE);
+    VAL(CU_POINTER_ATTRIBUTE_ACCESS_FLAGS);
+    VAL(CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ);
+    VAL(CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+    VAL(CUDA_ERROR_INVALID_PTX);
+    VAL(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    VAL(CUDA_ERROR_LAUNCH_FAILED);
     return 0;
 }

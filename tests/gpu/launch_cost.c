@@ -8,12 +8,14 @@
  * 100 outside the timing), 4 KiB on one device:
  *   cuMemcpyDtoDAsync alone; cuStreamWriteValue32 alone (a word in
  *   registered host memory, as a shared control table's); the two back to
- *   back (what vmmt_publish enqueues); one cuLaunchKernel of a kernel that
- *   copies the 4 KiB and then writes the word (one block, its stores fenced
- *   system-wide before thread 0's store of the word).
- * and checks that the kernel's copy and word landed.
+ *   back (what vmmt_publish enqueued before its kernel); one cuLaunchKernel
+ *   of the library's publish kernel (src/driver/kernel_ptx.h), which copies
+ *   the 4 KiB and then writes the word; the cuPointerGetAttributes query by
+ *   which a publish decides for the kernel (src/producer/publish_kernel.c),
+ *   alone and followed by the launch (what vmmt_publish enqueues now).
+ * and checks that the kernel's copy and word landed, and what the query says.
  *
- *   cc -I/usr/local/cuda/include tests/gpu/launch_cost.c -lcuda -o launch_cost
+ *   cc -I/usr/local/cuda/include -Isrc/driver tests/gpu/launch_cost.c -lcuda -o launch_cost
  */
 #include <cuda.h>
 #include <stdint.h>
@@ -22,49 +24,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernel_ptx.h" /* the library's own publish kernel */
+
 #define N     2000
 #define BYTES 4096
-
-/* Hand-written PTX: each thread copies 16-byte words; all fence, then thread 0 writes the flag. */
-static const char PTX[] =
-    ".version 7.0\n"
-    ".target sm_70\n"
-    ".address_size 64\n"
-    ".visible .entry copy_flag(.param .u64 dst, .param .u64 src, .param .u64 words,\n"
-    "                          .param .u64 flag, .param .u32 value)\n"
-    "{\n"
-    "  .reg .pred %p<3>;\n"
-    "  .reg .b32 %r<4>;\n"
-    "  .reg .b32 %v<4>;\n"
-    "  .reg .b64 %rd<10>;\n"
-    "  ld.param.u64 %rd1, [dst];\n"
-    "  ld.param.u64 %rd2, [src];\n"
-    "  ld.param.u64 %rd3, [words];\n"
-    "  ld.param.u64 %rd4, [flag];\n"
-    "  ld.param.u32 %r1, [value];\n"
-    "  mov.u32 %r2, %tid.x;\n"
-    "  cvt.u64.u32 %rd5, %r2;\n"
-    "  mov.u32 %r3, %ntid.x;\n"
-    "  cvt.u64.u32 %rd6, %r3;\n"
-    "LOOP:\n"
-    "  setp.ge.u64 %p1, %rd5, %rd3;\n"
-    "  @%p1 bra DONE;\n"
-    "  shl.b64 %rd7, %rd5, 4;\n"
-    "  add.s64 %rd8, %rd2, %rd7;\n"
-    "  add.s64 %rd9, %rd1, %rd7;\n"
-    "  ld.global.v4.u32 {%v0, %v1, %v2, %v3}, [%rd8];\n"
-    "  st.global.v4.u32 [%rd9], {%v0, %v1, %v2, %v3};\n"
-    "  add.s64 %rd5, %rd5, %rd6;\n"
-    "  bra LOOP;\n"
-    "DONE:\n"
-    "  fence.sc.sys;\n"
-    "  bar.sync 0;\n"
-    "  setp.ne.u32 %p2, %r2, 0;\n"
-    "  @%p2 bra END;\n"
-    "  st.volatile.global.u32 [%rd4], %r1;\n"
-    "END:\n"
-    "  ret;\n"
-    "}\n";
 
 static double now_us(void)
 {
@@ -122,11 +85,20 @@ int main(void)
     memset(word, 0, 4096);
     CK(cuMemHostRegister(word, 4096, CU_MEMHOSTREGISTER_DEVICEMAP));
     CK(cuMemHostGetDevicePointer(&word_dev, word, 0));
-    CK(cuModuleLoadData(&mod, PTX));
-    CK(cuModuleGetFunction(&fn, mod, "copy_flag"));
+    CK(cuModuleLoadData(&mod, VMMT__KERNEL_PTX));
+    CK(cuModuleGetFunction(&fn, mod, VMMT__KERNEL_NAME));
     printf("launch_cost: %s, 4 KiB, CPU time of each call on the caller's thread\n", name);
 
-    for (int op = 0; op < 4; op++) {
+    CUpointer_attribute what[VMMT__KERNEL_QUERY_COUNT] = VMMT__KERNEL_QUERY;
+    uint64_t v[VMMT__KERNEL_QUERY_COUNT] = {0};
+    void *at[VMMT__KERNEL_QUERY_COUNT];
+    for (int i = 0; i < VMMT__KERNEL_QUERY_COUNT; i++)
+        at[i] = &v[i];
+    CK(cuPointerGetAttributes(VMMT__KERNEL_QUERY_COUNT, what, at, src));
+    printf("  pointer query of a cuMemAlloc buffer: type %u, device %d, range %s, access %u\n",
+           (unsigned)v[0], (int)(uint32_t)v[1], v[2] == src && v[3] >= BYTES ? "whole" : "OTHER",
+           (unsigned)v[4]);
+    for (int op = 0; op < 6; op++) {
         for (int warm = 1; warm >= 0; warm--)
             for (int i = 0; i < N; i++) {
                 uint64_t words = BYTES / 16;
@@ -136,15 +108,20 @@ int main(void)
                 if (op == 0 || op == 2) CK(cuMemcpyDtoDAsync(dst, src, BYTES, s));
                 if (op == 1 || op == 2)
                     CK(cuStreamWriteValue32(s, word_dev, value, CU_STREAM_WRITE_VALUE_DEFAULT));
-                if (op == 3) CK(cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, s, args, NULL));
+                if (op == 4 || op == 5)
+                    CK(cuPointerGetAttributes(VMMT__KERNEL_QUERY_COUNT, what, at, src));
+                if (op == 3 || op == 5)
+                    CK(cuLaunchKernel(fn, 1, 1, 1, VMMT__KERNEL_THREADS, 1, 1, 0, s, args, NULL));
                 xs[i] = now_us() - t0;
                 if (i % 100 == 99) CK(cuStreamSynchronize(s));
             }
         CK(cuStreamSynchronize(s));
         report(op == 0   ? "cuMemcpyDtoDAsync"
                : op == 1 ? "cuStreamWriteValue32 (registered host word)"
-               : op == 2 ? "both, back to back (what a publish enqueues)"
-                         : "cuLaunchKernel: copy + word in one kernel",
+               : op == 2 ? "both, back to back (the two-submission publish)"
+               : op == 3 ? "cuLaunchKernel: copy + word in one kernel"
+               : op == 4 ? "cuPointerGetAttributes (5 attributes)"
+                         : "query + kernel (what a small publish does now)",
                xs);
     }
 
@@ -155,7 +132,7 @@ int main(void)
         uint64_t words = BYTES / 16;
         uint32_t value = 0xC0FFEE;
         void *args[] = {&dst, &src, &words, &word_dev, &value};
-        CK(cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, s, args, NULL));
+        CK(cuLaunchKernel(fn, 1, 1, 1, VMMT__KERNEL_THREADS, 1, 1, 0, s, args, NULL));
         CK(cuStreamSynchronize(s));
         CK(cuMemcpyDtoH(host, dst, BYTES));
         int ok = *(volatile uint32_t *)word == 0xC0FFEE;

@@ -46,6 +46,7 @@ EMU_COUNTER(vmmt__emu_live_mappings)
 EMU_COUNTER(vmmt__emu_live_streams)
 EMU_COUNTER(vmmt__emu_live_events)
 EMU_COUNTER(vmmt__emu_live_blocks)
+EMU_COUNTER(vmmt__emu_live_modules)
 EMU_COUNTER(vmmt__emu_live_contexts)
 
 #define EMU_BYTES(name)                                                                            \

@@ -35,6 +35,14 @@ void emu_fail(const char *spec)
     vmmt__emu_configure();
 }
 
+void emu_fail_without_kernel(const char *spec)
+{
+    char all[512];
+
+    snprintf(all, sizeof all, "cuPointerGetAttributes:1:CUDA_ERROR_INVALID_VALUE,%s", spec);
+    emu_fail(all);
+}
+
 vmmt_pool_config config(uint64_t size, int consumers)
 {
     vmmt_pool_config c;
@@ -112,6 +120,7 @@ int pool_teardown(void **state)
         assert_int_equal(vmmt__emu_live_mappings(), 0);
         assert_int_equal(vmmt__emu_live_reservations(), 0);
         assert_int_equal(vmmt__emu_live_streams(), 0);
+        assert_int_equal(vmmt__emu_live_modules(), 0);
     }
     return 0;
 }

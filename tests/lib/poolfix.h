@@ -26,6 +26,13 @@ int on_emu(void);
 void emu_reset(void);
 void emu_fail(const char *spec);
 /*
+ * emu_fail(spec) for a publish that enqueues a copy and a stream write: the
+ * pointer query by which a publish decides for its one kernel fails first
+ * (src/producer/publish_kernel.c), so even a buffer the kernel would copy
+ * takes the two submissions, whose failures spec then injects.
+ */
+void emu_fail_without_kernel(const char *spec);
+/*
  * A pool config for the transport tests: a device pool, or a host pool when
  * VMMT_TEST_POOL_KIND=host, or an elastic device pool of 1 MiB chunks when it
  * is elastic (CTest runs the suites all three ways).

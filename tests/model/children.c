@@ -180,7 +180,7 @@ static void p_publish(struct prod *p, const struct mt_cmd *c, struct mt_reply *r
     int gated = c->flags & MT_F_GATED;
     CUdeviceptr base = gated ? p->gsrc : p->src;
     double until = now_ms() + c->timeout_ms;
-    uint64_t at = 0;
+    uint64_t at = 0, kernels;
     int st;
 
     /* No copy of an earlier publish may still read the staging or the source. */
@@ -204,6 +204,8 @@ static void p_publish(struct prod *p, const struct mt_cmd *c, struct mt_reply *r
             die("producer", "gate");
         p->gated = 1;
     }
+    if (vmmt_pool_get_stats(p->pool, &r->stats) != VMMT_OK) die("producer", "stats");
+    kernels = r->stats.kernel_publishes;
     for (;;) {
         r->attempts++;
         st = c->members == 1 ? vmmt_publish(p->pool, b, p->s, r->desc)
@@ -214,6 +216,9 @@ static void p_publish(struct prod *p, const struct mt_cmd *c, struct mt_reply *r
         sleep_us(1000);
     }
     note(r, st);
+    /* How the publish went to the GPU, for the model to hold against the buffer it sent. */
+    if (vmmt_pool_get_stats(p->pool, &r->stats) != VMMT_OK) die("producer", "stats");
+    r->kernel = (int32_t)(r->stats.kernel_publishes - kernels);
 }
 
 static void p_gate_open(struct prod *p, struct mt_reply *r)

@@ -64,6 +64,8 @@ static const char *const kind_names[K_COUNT] = {"host_table", "device_table", "s
     X(publish, "single publishes", 1)                                                              \
     X(packed, "packed publishes", 1)                                                               \
     X(host_source, "publishes from host memory", 1)                                                \
+    X(kernel, "publishes as one kernel (copy and ready word)", 6)                                  \
+    X(kernel_gated, "of those, queued behind a gate", 7)                                           \
     X(full, "publishes refused full where the model is full", 1)                                   \
     X(reserve, "reservations", 1)                                                                  \
     X(commit, "commits", 1)                                                                        \
@@ -120,7 +122,8 @@ static const char *const ctr_text[] = {
 #undef X
 };
 /* 0: informative; 1: every kind; 2: kinds whose producer death mid-copy is seen (gated kills);
- * 3: kinds with a broker (POSIX_FD); 4: kinds that hand off stream-ordered; 5: elastic. */
+ * 3: kinds with a broker (POSIX_FD); 4: kinds that hand off stream-ordered; 5: elastic;
+ * 6: device pools (a host pool copies with the CPU); 7: device pools with gates (4 and 6). */
 static const int ctr_req[] = {
 #define X(name, text, req) req,
     COUNTERS(X)
@@ -780,7 +783,7 @@ static const char *check_descs(int members, const vmmt_desc *d)
 static int do_publish(int members, int gated)
 {
     struct mt_cmd c;
-    int room = m_room(&M), rec;
+    int room = m_room(&M), rec, want_kernel;
     const char *bad;
 
     cmd_init(&c, P_PUBLISH);
@@ -836,6 +839,17 @@ static int do_publish(int members, int gated)
     rec = m_publish(&M, members, c.uid, c.nbytes, rep.desc, !gated);
     R.ctr[members > 1 ? CTR_packed : CTR_publish]++;
     if (c.flags & MT_F_HOSTSRC) R.ctr[CTR_host_source]++;
+    /* One device buffer of a device pool, small, whole 16-byte words from an aligned source:
+     * one kernel; anything else: the copy and the stream write (publish_kernel.h). */
+    want_kernel = members == 1 && !(c.flags & MT_F_HOSTSRC) &&
+                  R.prm.memory_location != VMMT_MEMORY_HOST && c.nbytes[0] <= 65536 &&
+                  c.nbytes[0] % 16 == 0;
+    if (rep.kernel != want_kernel)
+        finding("publish of %d member(s), %" PRIu64 " bytes%s went as %d kernel(s); the model "
+                "says %d",
+                members, c.nbytes[0], (c.flags & MT_F_HOSTSRC) ? " from host memory" : "",
+                rep.kernel, want_kernel);
+    if (rep.kernel) R.ctr[gated ? CTR_kernel_gated : CTR_kernel]++;
     return rec;
 }
 
@@ -2069,17 +2083,21 @@ static void one_pool(void)
 static int check_counters(void)
 {
     int failed = 0, any_gate_kill = 0, any_broker = 0, any_stream = 0, any_elastic = 0;
+    int any_device = 0, any_device_gate = 0;
     for (int k = 0; k < K_COUNT; k++) {
         if (!R.kinds_run[k]) continue;
         any_gate_kill |= k != K_SYNC && k != K_FABRIC;
         any_broker |= k != K_FABRIC;
         any_stream |= k != K_SYNC && k != K_FABRIC; /* gates: stream-ordered, not FABRIC */
         any_elastic |= k == K_ELASTIC;
+        any_device |= k != K_HOST;
+        any_device_gate |= k != K_HOST && k != K_SYNC && k != K_FABRIC;
     }
     for (int i = 0; i < CTR_COUNT; i++) {
         int need = ctr_req[i] == 1 || (ctr_req[i] == 2 && any_gate_kill) ||
                    (ctr_req[i] == 3 && any_broker) || (ctr_req[i] == 4 && any_stream) ||
-                   (ctr_req[i] == 5 && any_elastic);
+                   (ctr_req[i] == 5 && any_elastic) || (ctr_req[i] == 6 && any_device) ||
+                   (ctr_req[i] == 7 && any_device_gate);
         if (need && R.ctr[i] == 0) {
             fprintf(stderr, "model_test: path never taken: %s (run longer, or another seed)\n",
                     ctr_text[i]);

@@ -92,6 +92,7 @@ struct mt_reply {
     int32_t verified;  /* the bytes were read back */
     int32_t stream_ok; /* the stream synchronized without error */
     int32_t poison_ok; /* a refusal left the destination as it was */
+    int32_t kernel;    /* P_PUBLISH: publishes the pool counted as one kernel (kernel_publishes) */
     uint64_t found_uid, first_bad, nbytes, freed;
     struct mt_res before, after;
     vmmt_pool_stats stats;

@@ -47,6 +47,7 @@
 #include "driver.h"
 #include "emu.h"
 #include "pattern.h"
+#include "publish_kernel.h"
 #include "rng.h"
 #include "testutil.h"
 #include "vmmt.h"
@@ -419,6 +420,8 @@ static void publish(struct soak *k, int members, int cancel)
         /* float32 tensors half the time, so packed members get aligned by element size. */
         int typed = rnd() & 1;
         uint64_t n = 1 + rnd() % MAX_BYTES;
+        /* A quarter small and in whole 16-byte words: what a publish sends as one kernel. */
+        if (rnd() % 4 == 0) n = 16 * (1 + rnd() % (VMMT__KERNEL_MAX_BYTES / 16));
         if (typed) n = 4 * (1 + (n - 1) / 4);
         b[m].ptr = k->src + (uint64_t)m * MAX_BYTES;
         b[m].nbytes = n;
@@ -595,6 +598,7 @@ static int list_paths(const struct soak *k, const vmmt_pool_stats *st, struct pa
     out[n++] = (struct path){.what = "descriptors left by dead consumers acknowledged",
                              .count = k->left_acked};
     out[n++] = (struct path){.what = "slices recycled", .count = st->recycled};
+    out[n++] = (struct path){.what = "publishes as one kernel", .count = st->kernel_publishes};
 #ifdef VMMT_HAVE_RELEASE_RANK
     /* The successor acknowledges instead; a release by the library itself may not come
      * then (the restarted rank's live link holds it), so it is not asked for. */
@@ -738,12 +742,12 @@ static int producer_main(double seconds, int nconsumers, uint64_t seed, int devi
            " drops, %" PRIu64 " evictions (%" PRIu64 " refused), %" PRIu64 " refused full, %" PRIu64
            " kills survived, %" PRIu64 " descriptors left by dead consumers acknowledged, %" PRIu64
            " wrong bytes, %" PRIu64 " failed calls; pool: %u in flight, %" PRIu64
-           " recycled, %" PRIu64 " rank releases (%" PRIu64
+           " recycled, %" PRIu64 " publishes as one kernel, %" PRIu64 " rank releases (%" PRIu64
            " slices); fds %d -> %d, mappings %d -> %d\n",
            ran, nconsumers, seed, k.published, k.packed, k.packed_done, k.cancelled, k.checked,
            k.replays_refused, k.dropped, k.evicted, k.evict_refused, k.full, k.kills, k.left_acked,
-           k.wrong_bytes, k.failures, st.in_flight, st.recycled, st.rank_releases,
-           st.released_slices, before.fds, fds_after, before.maps, maps_after);
+           k.wrong_bytes, k.failures, st.in_flight, st.recycled, st.kernel_publishes,
+           st.rank_releases, st.released_slices, before.fds, fds_after, before.maps, maps_after);
     if (st.consumer_links != 0) {
         fprintf(stderr, "soak: %u liveness links still open with every consumer gone\n",
                 st.consumer_links);

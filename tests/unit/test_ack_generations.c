@@ -564,7 +564,7 @@ static void op_publish(struct model *m)
     put(f, f->src, x.n, x.pattern);
     if (on_emu() && rnd() % 10 == 0) {
         /* A publish whose copy fails hands its generation back: no gap in a slot's sequence. */
-        emu_fail("cuMemcpyDtoDAsync:1:CUDA_ERROR_INVALID_VALUE");
+        emu_fail_without_kernel("cuMemcpyDtoDAsync:1:CUDA_ERROR_INVALID_VALUE");
         st = vmmt_publish(f->pool, &b, f->stream, &x.d);
         emu_reset();
         assert_true(st == VMMT_ECUDA || st == VMMT_EFULL);
