@@ -211,6 +211,10 @@ static void import_first(struct fixture *f, vmmt_consumer *k, CUstream s2, uint3
     else
         assert_vmmt_ok(vmmt_consume(k, &d0, 0, f->dst, f->cap, s2, VMMT_ALL_RANKS, 0));
     sync_s(s2);
+    /* The acknowledgement is written by the consumer's thread after the copy: wait for it
+     * here, or a test's injected failure may find it still on its way (its slice then waits
+     * for a release: seen under ASan with both cores busy, test_fabric_row_read_fails...). */
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
 /* Let a gated publish land: open the gate and wait for the producer's stream. */
