@@ -155,7 +155,7 @@ CUresult vmmt__emu_cuMemcpyAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 /*
  * The publish kernel's work on stream hs, for a module of `device`: n bytes
  * from src to dst, then value into the word, checked when it runs.
- * CUDA_ERROR_INVALID_HANDLE when the current context is another device's.
+ * CUDA_ERROR_INVALID_HANDLE when the current context, or the stream's, is another device's.
  */
 CUresult vmmt__emu_enqueue_kernel(CUstream hs, int device, uintptr_t dst, uintptr_t src, size_t n,
                                   uintptr_t word, uint32_t value);

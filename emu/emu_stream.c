@@ -619,7 +619,10 @@ CUresult vmmt__emu_enqueue_kernel(CUstream hs, int device, uintptr_t dst, uintpt
     op->dst_is_dev = op->src_is_dev = 1;
     op->word = word;
     op->value = value;
-    if ((r = begin(hs, &cur, &s)) == CUDA_SUCCESS && cur != device) r = CUDA_ERROR_INVALID_HANDLE;
+    /* A module's kernel runs in its own context only: the current one, and the stream's. */
+    if ((r = begin(hs, &cur, &s)) == CUDA_SUCCESS &&
+        (cur != device || (s != NULL && s->device != device)))
+        r = CUDA_ERROR_INVALID_HANDLE;
     op->device = device;
     if (r != CUDA_SUCCESS) {
         stream_put(s);

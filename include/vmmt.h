@@ -82,7 +82,7 @@ typedef enum vmmt_status {
     VMMT_ENODEV = -3,    /* no such device, or no device at all */
     VMMT_ENOTSUP = -4,   /* the driver or device cannot do what was asked */
     VMMT_ECUDA = -5,     /* a CUDA driver call failed */
-    VMMT_ENOMEM = -6,    /* host memory exhausted */
+    VMMT_ENOMEM = -6,    /* memory exhausted: host, or the driver's (CUDA_ERROR_OUT_OF_MEMORY) */
     VMMT_EFULL = -7,     /* the pool has no room now; fall back or retry */
     VMMT_ETIMEDOUT = -8, /* a wait or a socket ran past its timeout */
     VMMT_EFAILED = -9,   /* the pool is quarantined after an uncertain failure */

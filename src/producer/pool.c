@@ -643,14 +643,21 @@ static int wait_callers(struct vmmt_pool *p, const struct timespec *until, int t
     return VMMT_OK;
 }
 
-/* Is every publish copy into the pool finished? Needs a fresh table copy. */
+/*
+ * Is every publish copy into the pool finished? Needs a fresh table copy. A
+ * word past LIVE, RETIRED, says so too: a reclaim wrote it, whose
+ * confirmation failed (recycle.c, row_done), and the slot was left in flight
+ * for the next one, which shutdown, its recycler stopped, would never run
+ * (test_attack_kernel, shutdown_after_failed_retire_confirmation).
+ */
 static int copies_landed(const struct vmmt_pool *p)
 {
     for (uint32_t i = 0; i < p->slots; i++) {
         const struct vmmt__slot *s = &p->slot[i];
-        if ((s->state == SLOT_IN_FLIGHT || s->state == SLOT_CANCELLED) &&
-            vmmt__ctrl_load(&p->table_host[(size_t)i * (p->stride / 4)]) != s->generation)
-            return 0;
+        uint32_t ready;
+        if (s->state != SLOT_IN_FLIGHT && s->state != SLOT_CANCELLED) continue;
+        ready = vmmt__ctrl_load(&p->table_host[(size_t)i * (p->stride / 4)]);
+        if (ready != s->generation && ready != vmmt__gen_retired(s->generation)) return 0;
     }
     return 1;
 }

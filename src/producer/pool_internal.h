@@ -108,7 +108,7 @@ struct vmmt_pool {
     /* The publish kernel (publish_kernel.c): NULL where the driver refused it. */
     CUmodule kmod;
     CUfunction kfn;
-    int kernel_off;            /* a launch failed: the copies from then on (atomic) */
+    int kernel_warned;         /* a refused launch was logged (atomic) */
     uint64_t kernel_publishes; /* atomic */
 
     /*

@@ -5,6 +5,7 @@
  * side by side.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "abi.h"
@@ -97,7 +98,8 @@ static int reserve_locked(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
     return VMMT_OK;
 }
 
-static int fail_full(struct vmmt_pool *p, uint64_t bytes)
+/* `why`: what stood in the way of a reclaim on demand, or "". */
+static int fail_full(struct vmmt_pool *p, uint64_t bytes, const char *why)
 {
     struct vmmt__slab_stats s;
     char id[9];
@@ -111,8 +113,9 @@ static int fail_full(struct vmmt_pool *p, uint64_t bytes)
     vmmt__fail(VMMT_EFULL,
                "pool %s is full: %" PRIu64 " bytes asked, largest free slice %" PRIu64
                " bytes, %u of %u slots in flight; fall back to another path or retry once "
-               "consumers acknowledge",
-               vmmt__short_id(p->tmpl.pool_id, id), bytes, s.largest_free, p->in_flight, p->slots);
+               "consumers acknowledge%s",
+               vmmt__short_id(p->tmpl.pool_id, id), bytes, s.largest_free, p->in_flight, p->slots,
+               why);
     if (warn)
         vmmt__log(VMMT_LOG_WARN, "%s (warned once; vmmt_pool_get_stats counts them)",
                   vmmt_last_error());
@@ -122,6 +125,7 @@ static int fail_full(struct vmmt_pool *p, uint64_t bytes)
 /* Reserve, reclaiming once when the pool looks full. The caller is active. */
 static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
 {
+    char why[600] = "";
     int st;
 
     pthread_mutex_lock(&p->lock);
@@ -130,11 +134,13 @@ static int reserve(struct vmmt_pool *p, uint64_t bytes, uint32_t *slot)
         st = reserve_locked(p, bytes, slot);
     if (st == VMMT_EFULL && p->in_flight > 0 && !p->host_table) {
         pthread_mutex_unlock(&p->lock);
-        vmmt__pool_reclaim(p, NULL);
+        /* A reclaim that failed is named: a full pool is not the whole story then. */
+        if (vmmt__pool_reclaim(p, NULL) != VMMT_OK)
+            snprintf(why, sizeof why, " (reclaiming on demand failed: %s)", vmmt_last_error());
         pthread_mutex_lock(&p->lock);
         st = p->failed ? vmmt__pool_check_usable(p) : reserve_locked(p, bytes, slot);
     }
-    if (st == VMMT_EFULL) st = fail_full(p, bytes);
+    if (st == VMMT_EFULL) st = fail_full(p, bytes, why);
     if (st == VMMT_ETOOBIG)
         vmmt__fail(VMMT_ETOOBIG,
                    "%" PRIu64 " bytes can never fit: the pool's data region holds %" PRIu64

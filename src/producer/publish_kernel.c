@@ -88,17 +88,20 @@ int vmmt__kernel_publish(struct vmmt_pool *p, const vmmt_buffer *b, CUdeviceptr 
     void *args[] = {&dst, &src, &words, &ready, &gen};
     CUresult r;
 
-    if (p->kfn == NULL || __atomic_load_n(&p->kernel_off, __ATOMIC_RELAXED)) return 0;
+    if (p->kfn == NULL) return 0;
     if (b->location != VMMT_LOC_DEVICE || b->nbytes > VMMT__KERNEL_MAX_BYTES ||
         b->nbytes % 16 != 0 || src % 16 != 0 || dst % 16 != 0)
         return 0;
     if (!readable_here(p, src, b->nbytes)) return 0;
     r = vmmt__drv()->cuLaunchKernel(p->kfn, 1, 1, 1, VMMT__KERNEL_THREADS, 1, 1, 0, s, args, NULL);
     if (r != CUDA_SUCCESS) {
-        if (!__atomic_exchange_n(&p->kernel_off, 1, __ATOMIC_RELAXED))
+        /* Each refused launch falls back on its own: a stream of another context (which a
+         * launch refuses and a copy takes) says nothing of the next publish's. */
+        if (!__atomic_exchange_n(&p->kernel_warned, 1, __ATOMIC_RELAXED))
             vmmt__log(VMMT_LOG_WARN,
-                      "cuLaunchKernel of the publish kernel failed (%s); this pool enqueues a "
-                      "copy and a stream write from now on",
+                      "cuLaunchKernel of the publish kernel failed (%s); that publish enqueued "
+                      "a copy and a stream write instead, as will any other whose launch is "
+                      "refused (said once for this pool)",
                       vmmt__cu_name(r));
         return 0;
     }

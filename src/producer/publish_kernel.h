@@ -33,7 +33,7 @@ void vmmt__kernel_unload(struct vmmt_pool *p);
  * 16-byte aligned and sized, not on the pool's device, or a range the
  * driver does not show as readable there: a kernel that faults takes the
  * whole context down, a copy only fails), or the launch was refused
- * (said once; the pool uses the copies from then on). Context current.
+ * (said once per pool). Context current.
  */
 int vmmt__kernel_publish(struct vmmt_pool *p, const vmmt_buffer *b, CUdeviceptr dst,
                          CUdeviceptr ready, uint32_t gen, CUstream s);

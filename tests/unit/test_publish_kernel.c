@@ -158,6 +158,9 @@ static void test_source_on_another_device(void **state)
     const struct vmmt_drv *d = vmmt__drv();
     vmmt_pool_config c = config(4 * MiB, 1);
     CUdeviceptr other = 0;
+    CUstream s1 = NULL;
+    vmmt_buffer b;
+    vmmt_desc ds;
     int count = 0;
 
     assert_int_equal(d->cuDeviceGetCount(&count), CUDA_SUCCESS);
@@ -172,17 +175,24 @@ static void test_source_on_another_device(void **state)
     assert_vmmt_ok(vmmt__ctx_enter(1));
     assert_int_equal(d->cuMemFree(other), CUDA_SUCCESS);
     vmmt__ctx_leave();
-    /* A pool of device 1 loads its kernel there, and takes device 1's buffers with it. */
+    /* A pool of device 1 loads its kernel there, and takes device 1's buffers with it, on a
+     * stream of device 1 (a launch into another context is refused: the copies take it). */
     vmmt_pool_destroy(f->pool);
     c.device = 1;
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     assert_vmmt_ok(vmmt__ctx_enter(1));
     assert_int_equal(d->cuMemAlloc(&other, 4096), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     vmmt__ctx_leave();
     put(f, other, 4096, 10);
-    through(f, bytes(other, 4096), 10);
+    b = bytes(other, 4096);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, s1, &ds));
     assert_int_equal(kernels(f->pool), 1);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &ds, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, 4096, 10);
     assert_vmmt_ok(vmmt__ctx_enter(1));
+    assert_int_equal(d->cuStreamSynchronize(s1), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamDestroy(s1), CUDA_SUCCESS);
     assert_int_equal(d->cuMemFree(other), CUDA_SUCCESS);
     vmmt__ctx_leave();
 }
@@ -209,7 +219,10 @@ static void test_driver_refuses_the_kernel(void **state)
     }
 }
 
-/* A refused launch enqueued nothing: the copies carry that publish and every later one. */
+/*
+ * A refused launch enqueued nothing: the copies carry that publish; the next
+ * one launches again (a refusal says nothing of the next stream).
+ */
 static void test_launch_refused_falls_back(void **state)
 {
     struct fixture *f = *state;
@@ -219,11 +232,43 @@ static void test_launch_refused_falls_back(void **state)
     create(f, &c);
     emu_fail("cuLaunchKernel:1:CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES");
     tu_roundtrip(f, 4096, 13);
+    assert_int_equal(kernels(f->pool), 0);
+    assert_int_equal(vmmt__emu_calls("cuLaunchKernel"), 1);
+    assert_int_equal(vmmt__emu_calls("cuMemcpyDtoDAsync"), 2); /* the publish's and the consume's */
     emu_reset();
     tu_roundtrip(f, 4096, 14);
+    assert_int_equal(kernels(f->pool), 1);
+    assert_int_equal(vmmt__emu_calls("cuMemcpyDtoDAsync"), 1); /* the consume's */
+}
+
+/* A stream of another device's context: the launch is refused there, the copies take it. */
+static void test_stream_of_another_context(void **state)
+{
+    struct fixture *f = *state;
+    const struct vmmt_drv *d = vmmt__drv();
+    vmmt_pool_config c = config(4 * MiB, 1);
+    vmmt_buffer b = bytes(f->src, 4096);
+    CUstream other = NULL;
+    vmmt_desc ds;
+    int count = 0;
+
+    assert_int_equal(d->cuDeviceGetCount(&count), CUDA_SUCCESS);
+    if (count < 2) skip();
+    create(f, &c);
+    assert_vmmt_ok(vmmt__ctx_enter(1));
+    assert_int_equal(d->cuStreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    vmmt__ctx_leave();
+    put(f, f->src, 4096, 17);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, other, &ds));
+    assert_int_equal(d->cuStreamSynchronize(other), CUDA_SUCCESS);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &ds, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, 4096, 17);
     assert_int_equal(kernels(f->pool), 0);
-    assert_int_equal(vmmt__emu_calls("cuLaunchKernel"), 0);
-    assert_int_equal(vmmt__emu_calls("cuMemcpyDtoDAsync"), 2); /* the publish's and the consume's */
+    tu_roundtrip(f, 4096, 18);
+    assert_int_equal(kernels(f->pool), 1);
+    assert_vmmt_ok(vmmt__ctx_enter(1));
+    assert_int_equal(d->cuStreamDestroy(other), CUDA_SUCCESS);
+    vmmt__ctx_leave();
 }
 
 /* Refused launch, then a failed copy: the publish fails, and nothing stays reserved. */
@@ -282,6 +327,7 @@ int main(void)
         T(test_source_on_another_device),
         T(test_driver_refuses_the_kernel),
         T(test_launch_refused_falls_back),
+        T(test_stream_of_another_context),
         T(test_launch_and_copy_refused_roll_back),
         T(test_kernel_waits_behind_the_callers_work),
     };
