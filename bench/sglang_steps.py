@@ -156,8 +156,8 @@ def main():
     for label, p50, p99 in steps.rows:
         print("  %-48s %8.2f %8.2f" % (label, p50, p99))
     # How the publishes went to the GPU: one kernel each where the source allowed it.
-    for kind, (kernels, published) in ways.items():
-        print("  %s pool: %d of %d publishes as one kernel" % (kind, kernels, published))
+    print("sglang_steps: publishes as one kernel: " +
+          "; ".join("%s pool %d of %d" % (kind, k, n) for kind, (k, n) in ways.items()))
     return 0
 
 

@@ -21,6 +21,8 @@ def test_sglang_steps_bench_smoke():
     rows = [line for line in out.stdout.splitlines() if line.startswith("  ")]
     # Every step of both pools was timed (NumPy: no torch-only steps).
     assert len(rows) == 16 and all(float(r.split()[-2]) > 0 for r in rows), out.stdout
+    # How the publishes went: NumPy sources are host memory, which no kernel reads.
+    assert "publishes as one kernel: device pool 0 of " in out.stdout, out.stdout
 
 
 def test_sglang_handoff_bench_smoke(tmp_path):
