@@ -135,6 +135,7 @@ class PoolStats(TypedDict):
     rank_releases: int
     released_slices: int
     consumer_links: int
+    kernel_publishes: int
 
 class Reservation:
     """A slice reserved for writing in place; commit or cancel it once."""
