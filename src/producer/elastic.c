@@ -191,14 +191,19 @@ int vmmt__elastic_hold(struct vmmt_pool *p, uint64_t off, uint64_t bytes)
     return VMMT_OK;
 }
 
-void vmmt__elastic_drop(struct vmmt_pool *p, uint64_t off, uint64_t bytes)
+int vmmt__elastic_drop(struct vmmt_pool *p, uint64_t off, uint64_t bytes)
 {
     struct vmmt__elastic *el = p->el;
     uint32_t first = (uint32_t)(off / el->chunk), last = (uint32_t)((off + bytes - 1) / el->chunk);
     double now = vmmt__now_us();
+    int idle = 0;
 
     for (uint32_t k = first; k <= last; k++)
-        if (--el->c[k].live == 0) el->c[k].idle_since_us = now;
+        if (--el->c[k].live == 0) {
+            el->c[k].idle_since_us = now;
+            idle++;
+        }
+    return idle;
 }
 
 int64_t vmmt__elastic_trim(struct vmmt_pool *p)

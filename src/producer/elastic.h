@@ -48,8 +48,8 @@ int vmmt__elastic_allocate(struct vmmt_pool *p);
 int vmmt__elastic_start(struct vmmt_pool *p);
 /* A slice [off, off + bytes) of the data region is taken: make missing chunks. Lock held. */
 int vmmt__elastic_hold(struct vmmt_pool *p, uint64_t off, uint64_t bytes);
-/* The slice is free again. Lock held. */
-void vmmt__elastic_drop(struct vmmt_pool *p, uint64_t off, uint64_t bytes);
+/* The slice is free again; returns how many chunks that left idle. Lock held. */
+int vmmt__elastic_drop(struct vmmt_pool *p, uint64_t off, uint64_t bytes);
 /*
  * Give back chunks idle for idle_release_ms. Lock held. Returns microseconds
  * until the next chunk becomes due, or -1 when none is waiting.

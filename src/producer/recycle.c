@@ -22,7 +22,12 @@ void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot)
 
     /* The offset came from this slab, so freeing it cannot fail. */
     (void)vmmt__slab_free(p->slab, s->slice_offset);
-    if (p->el != NULL) vmmt__elastic_drop(p, s->slice_offset, s->slice_bytes);
+    /* A chunk left idle must be given back in time: a recycler asleep without a deadline
+     * (nothing was in flight, every chunk live) would never see it (test_elastic,
+     * chunk_idle_while_recycler_sleeps), so it is woken to set one. */
+    if (p->el != NULL && vmmt__elastic_drop(p, s->slice_offset, s->slice_bytes) > 0 &&
+        p->recycler_idle)
+        pthread_cond_signal(&p->wake);
     s->state = SLOT_FREE;
     p->free_slots[p->free_count++] = slot;
 }

@@ -131,6 +131,28 @@ static void test_elastic_min_resident_and_fixed(void **state)
 }
 
 /*
+ * A chunk that goes idle while the recycler sleeps without a deadline (no
+ * slice in flight, every chunk then live): freed by another thread (here a
+ * cancelled reservation), it must still be given back. It was kept for good
+ * (the model under TSan in CI: "an idle elastic pool kept chunks").
+ */
+static void test_elastic_chunk_idle_while_recycler_sleeps(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = elastic_config(16 * MiB, 20);
+    vmmt_reservation r;
+
+    c.recycle_interval_us = 100; /* its grace before the untimed sleep: about 26 ms */
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_reserve(f->pool, 4096, &r));
+    assert_int_equal(stats(f->pool).resident_bytes, CHUNK);
+    sleep_ms(300); /* the recycler is asleep now, nothing in flight and the chunk live */
+    assert_vmmt_ok(vmmt_cancel(f->pool, &r.token));
+    assert_true(resident_becomes(f->pool, 0, 3000));
+    assert_int_equal(stats(f->pool).chunks_released, 1);
+}
+
+/*
  * The consumer keeps chunk 0 imported; the producer gives it back and makes it
  * again (new memory, new incarnation). The consumer must import it afresh:
  * the old mapping still shows the old bytes, so a copy from it would be wrong.
@@ -473,6 +495,7 @@ int main(void)
         T(test_elastic_broker_serves_resident_chunks_only),
         T(test_elastic_descriptor_fields_checked),
         T(test_elastic_config_errors),
+        T(test_elastic_chunk_idle_while_recycler_sleeps),
     };
     tu_use_test_driver();
     return cmocka_run_group_tests(tests, NULL, NULL);
