@@ -4,9 +4,9 @@
  * small publish costs its caller (BENCHMARKS.md, tests/gpu/launch_cost.c).
  * The kernel of kernel_ptx.h does both in one. It is used only where it
  * cannot fault: a copy engine refuses a bad address with an error, a kernel
- * that reads one takes the whole context down, the caller's with it. So the
- * source must lie, whole, in one range the driver shows as device memory of
- * the pool's device that this context may read.
+ * that reads one takes the whole context down, the caller's with it. So both
+ * ends of the source must be device memory of the pool's device that this
+ * context may read (readable_here).
  */
 #include "publish_kernel.h"
 
@@ -62,23 +62,45 @@ void vmmt__kernel_unload(struct vmmt_pool *p)
 }
 
 /*
- * Whether the kernel may read [ptr, ptr + n): one query of the driver, for
- * the memory's type, device, range and this context's access to it.
+ * One end of the buffer: device memory of the pool's device that this
+ * context may read; its range into *start and *size. One driver query.
  */
-static int readable_here(const struct vmmt_pool *p, CUdeviceptr ptr, uint64_t n)
+static int end_readable(const struct vmmt_pool *p, CUdeviceptr at, uint64_t *start, uint64_t *size)
 {
     CUpointer_attribute what[VMMT__KERNEL_QUERY_COUNT] = VMMT__KERNEL_QUERY;
     uint64_t v[VMMT__KERNEL_QUERY_COUNT] = {0};
-    void *at[VMMT__KERNEL_QUERY_COUNT];
+    void *slot[VMMT__KERNEL_QUERY_COUNT];
 
     for (int i = 0; i < VMMT__KERNEL_QUERY_COUNT; i++)
-        at[i] = &v[i];
-    if (vmmt__drv()->cuPointerGetAttributes(VMMT__KERNEL_QUERY_COUNT, what, at, ptr) !=
+        slot[i] = &v[i];
+    if (vmmt__drv()->cuPointerGetAttributes(VMMT__KERNEL_QUERY_COUNT, what, slot, at) !=
         CUDA_SUCCESS)
         return 0;
+    *start = v[2];
+    *size = v[3];
     return (uint32_t)v[0] == CU_MEMORYTYPE_DEVICE && (int32_t)(uint32_t)v[1] == p->device &&
-           ((uint32_t)v[4] & CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ) != 0 && ptr >= v[2] &&
-           ptr - v[2] <= v[3] && n <= v[3] - (ptr - v[2]);
+           ((uint32_t)v[4] & CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ) != 0 && at >= v[2] &&
+           at - v[2] < v[3];
+}
+
+/*
+ * Whether the kernel may read [ptr, ptr + n): both ends readable here, in
+ * one range or two adjacent ones. Both ends, because what a driver calls
+ * a VMM address's range is not one mapping: on an H100 (driver 580) a
+ * buffer across two adjacent mappings showed one range, so a range alone
+ * could cover an unmapped part (test_attack_kernel, across_two_mappings,
+ * 2026-12-06). Nothing between the ends goes unasked: VMM memory is mapped
+ * in whole granules of 2 MiB on these GPUs (../shared/design.md), far above
+ * the kernel's 64 KiB, so the buffer meets at most two, and each end names
+ * its own; the emulator, whose granules may be 4 KiB, gives each mapping
+ * as its range, so two ranges that do not meet are refused there.
+ */
+static int readable_here(const struct vmmt_pool *p, CUdeviceptr ptr, uint64_t n)
+{
+    uint64_t s1, z1, s2, z2;
+
+    return end_readable(p, ptr, &s1, &z1) && end_readable(p, ptr + n - 1, &s2, &z2) &&
+           (s1 == s2 || s1 + z1 == s2);
 }
 
 int vmmt__kernel_publish(struct vmmt_pool *p, const vmmt_buffer *b, CUdeviceptr dst,

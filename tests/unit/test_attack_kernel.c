@@ -250,7 +250,8 @@ static void test_atk_runs_into_unmapped(void **state)
     vmap_free(&m);
 }
 
-/* Two adjacent readable mappings: fine for the copy; not "one range" for the kernel. */
+/* Two adjacent readable mappings: both ends readable, the ranges meet: the kernel's (on an
+ * H100 the driver showed the two as one range; the emulator gives each its own). */
 static void test_atk_across_two_mappings(void **state)
 {
     struct fixture *f = *state;
@@ -264,14 +265,14 @@ static void test_atk_across_two_mappings(void **state)
     vmap_make(&m, 2, CU_MEM_LOCATION_TYPE_DEVICE, 0, devs, acc);
     put(f, m.va + GRAN - 1024, 4096, 5);
     through(f, bytes(m.va + GRAN - 1024, 4096), 5);
-    assert_int_equal(kernels(f->pool), 0);
+    assert_int_equal(kernels(f->pool), 1);
     /* Wholly inside the second mapping, or ending exactly at the first's end: the kernel's. */
     put(f, m.va + GRAN, 4096, 6);
     through(f, bytes(m.va + GRAN, 4096), 6);
-    assert_int_equal(kernels(f->pool), 1);
+    assert_int_equal(kernels(f->pool), 2);
     put(f, m.va + GRAN - KMAX, KMAX, 34);
     through(f, bytes(m.va + GRAN - KMAX, KMAX), 34);
-    assert_int_equal(kernels(f->pool), 2);
+    assert_int_equal(kernels(f->pool), 3);
     vmap_free(&m);
 }
 
