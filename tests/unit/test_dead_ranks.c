@@ -103,7 +103,10 @@ static void test_lease(void **state)
     struct timespec until;
     int ranks[4], n = 0;
 
-    c.consumer_lease_ms = 20;
+    /* Long enough for the consume below to import the pool first, even under TSan on a
+     * busy machine (at 20 ms both ranks' lease ran out before it, and the consume was
+     * refused: CI, 2026-12-06); the loop below waits for the report. */
+    c.consumer_lease_ms = 1000;
     assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
     put(f, f->src, 4096, 1);
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
