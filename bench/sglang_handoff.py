@@ -15,8 +15,11 @@ producer's GPU (tensor-parallel rank 0, the common case); 4 KiB, 1 MiB and
 memory (features from a CPU processor). The producer polls the pipe for the
 answer (python_bench.py says why a sleeping read adds a virtual machine's
 wake-up tail). Also: wrap_tensor alone on the caller's thread (4 KiB, device
-pool), and the time from the rank's answer (its acknowledgement is written
-before it) until the pool has the slice back.
+pool), the same wrap_tensor where the step before was the call sequence
+alone (the rank doing no GPU work: what it adds over the wrap alone is this
+process's own state after the pipe, not the GPU), and the time from the
+rank's answer (its acknowledgement is written before it) until the pool has
+the slice back.
 
 Targets (one H200): device pool p50 <= 1.1x the floor, p99 <= 1.5x its own
 p50; host pool >= 10x faster than the floor at 4 KiB; wrap_tensor < 10 us;
@@ -159,6 +162,11 @@ def run_size(be, conn, proc, pools, nbytes, iters, block):
     # Where a round trip's time goes: wrap_tensor, the rank's reconstruct and
     # its synchronize (the rest is pickle, the pipe both ways and the poll).
     parts = {m: {k: [] for k in PARTS} for m in POOLS}
+    # wrap_tensor (device pool) where the step before was the call sequence
+    # alone: the rank did no GPU work, so what it costs over wrap_alone's
+    # number is this process's own state after the pipe (cold caches), not
+    # the rank's context on the GPU.
+    wrap_after_pipe = []
     floor_msg = b"floor %d" % nbytes
     for rnd in range(iters // block + 1):  # blocks alternate; the first warms up
         for mode in POOLS + ("floor", "pipe"):
@@ -169,6 +177,11 @@ def run_size(be, conn, proc, pools, nbytes, iters, block):
                     be.sync()
                     conn.send_bytes(floor_msg)
                 elif mode == "pipe":
+                    tw = clock()
+                    proxy = pools["device"].wrap_tensor(srcs["device"])
+                    t0 = clock()  # the call sequence's time starts after the wrap
+                    if rnd:
+                        wrap_after_pipe.append(t0 - tw)
                     conn.send_bytes(b"pipe " + pickle.dumps(PIPE_STATE))
                 else:
                     proxy = pools[mode].wrap_tensor(srcs[mode])
@@ -177,6 +190,10 @@ def run_size(be, conn, proc, pools, nbytes, iters, block):
                     del proxy
                 answer = wait_answer(conn, proc)
                 t1 = clock()
+                if mode == "pipe":
+                    pools["device"].cancel_proxy(proxy)
+                    del proxy
+                    pools["device"]._pool.reclaim()
                 if mode in POOLS:
                     pool = pools[mode]._pool
                     while pool.stats()["in_flight"]:  # the recycler's or our reclaim
@@ -191,7 +208,8 @@ def run_size(be, conn, proc, pools, nbytes, iters, block):
                         parts[mode]["unpickle"].append(int(unpickle))
                         parts[mode]["reconstruct"].append(int(recon))
                         parts[mode]["sync"].append(int(sync))
-    row = {"nbytes": nbytes, "floor": summary(t["floor"]), "pipe": summary(t["pipe"])}
+    row = {"nbytes": nbytes, "floor": summary(t["floor"]), "pipe": summary(t["pipe"]),
+           "wrap_after_pipe": summary(wrap_after_pipe)}
     for mode in POOLS:
         row[mode] = summary(t[mode])
         row[mode]["recycle"] = summary(recycle[mode])
@@ -303,6 +321,10 @@ def main():
         print("    %8d B  device %s | host %s" % (r["nbytes"], " / ".join(
             "%.1f" % r["device"]["parts"][k]["p50_us"] for k in PARTS),
             " / ".join("%.1f" % r["host"]["parts"][k]["p50_us"] for k in PARTS)))
+    print("  wrap_tensor (device pool) after the call sequence alone, the rank doing no GPU "
+          "work, us p50/p99: " + ", ".join("%.1f/%.1f" % (r["wrap_after_pipe"]["p50_us"],
+                                                        r["wrap_after_pipe"]["p99_us"])
+                                         for r in report["rows"]))
     c = report.get("rank_cache", {})
     print("  the rank's buffer cache: %s hits, %s misses (a miss: cuMemAlloc, later cuMemFree)"
           % (c.get("hits"), c.get("misses")))

@@ -36,6 +36,8 @@ def test_sglang_handoff_bench_smoke(tmp_path):
     rows = report["rows"]
     assert [r["nbytes"] for r in rows] == [4096, 1 << 20]
     assert all(r["pipe"]["n"] > 0 and r["floor"]["n"] > 0 for r in rows)
+    # wrap_tensor was timed after the call sequence alone, as often as that was.
+    assert all(r["wrap_after_pipe"]["n"] == r["pipe"]["n"] for r in rows)
     # The rank's buffer cache answered (a miss per new size and pool kind at most).
     assert report["rank_cache"]["hits"] > 0 and 0 <= report["rank_cache"]["misses"] <= 4
     assert all(r[p]["n"] > 0 and r[p]["recycle"]["n"] > 0 for r in rows for p in ("device", "host"))
