@@ -66,6 +66,33 @@ def test_round_trip_pickle_cache_and_release(clean):
         pool.shutdown()
 
 
+def test_recycling_under_the_pools_own_lock(clean):
+    # sglang's own tests hold the pool's lock while they recycle and read the
+    # chunks (``with pool._lock: pool._recycle_chunks(); ...``): each of those
+    # takes the lock again, so a lock that is not reentrant hangs them.
+    pool = make_pool()
+    seen, done = [], threading.Event()
+
+    def sglangs_sequence():
+        proxy = pool.wrap_tensor(np.ones(16, np.float32))
+        pickle.loads(pickle.dumps(proxy)).reconstruct_on_target_device(0, consumer_count=1)
+        with pool._lock:
+            pool._recycle_chunks()
+            pool._merge_chunks()
+            seen.append((pool.occupied_chunks, free_bytes(pool)))
+        done.set()
+
+    worker = threading.Thread(target=sglangs_sequence, daemon=True)
+    try:
+        worker.start()
+        assert done.wait(10), "recycling under pool._lock hung: the lock is not reentrant"
+        assert seen == [([], pool.allocation_size)]
+    finally:
+        worker.join(10)
+        if not worker.is_alive():
+            pool.shutdown()
+
+
 def test_the_wire_keeps_every_field_and_old_pickles_load(clean):
     pool = make_pool()
     try:
@@ -389,3 +416,17 @@ def test_torch_tensors_round_trip(clean):
         assert settle(pool) == []
     finally:
         pool.shutdown()
+
+
+def test_the_module_names_torch_as_sglangs_does(clean):
+    # sglang's module imports torch, and its tests patch through that name
+    # ("...cuda_vmm_transport_utils.torch.cuda.Stream"); this one imports
+    # without torch, so it looks the name up only when asked.
+    from unittest import mock
+
+    torch = pytest.importorskip("torch")
+    assert vs.torch is torch
+    with mock.patch("vmmt.sglang.torch.cuda.Stream") as stream:
+        assert torch.cuda.Stream is stream
+    with pytest.raises(AttributeError, match="tensor_from_pointer"):
+        vs.tensor_from_pointer

@@ -113,7 +113,9 @@ class CudaVmmMemoryPool:
         self.consumer_count = int(consumer_count)
         self._recycle_interval = float(recycle_interval)
         self._timeout_ms = int(timeout_ms)
-        self._lock = threading.Lock()
+        # Reentrant: sglang's tests hold it while they call _recycle_chunks
+        # and read occupied_chunks, which take it too.
+        self._lock = threading.RLock()
         self._shutdown_lock = threading.Lock()
         # One entry per thread inside a publish: list.append and list.pop are
         # atomic under the GIL, so a wrap takes no lock (shutdown polls it).

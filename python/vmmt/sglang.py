@@ -134,6 +134,16 @@ MM_ITEM_MEMORY_POOL_RECYCLE_INTERVAL = float(
 _PACKED_MODALITIES = ("IMAGE", "VIDEO")
 
 
+def __getattr__(name):
+    # sglang's transport module imports torch at its top, and sglang's tests
+    # patch through that name (".cuda_vmm_transport_utils.torch.cuda.Stream");
+    # this module imports without torch, so it imports it only when asked.
+    if name == "torch":
+        import torch
+        return torch
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
 def get_mm_feature_pool_size_per_worker(total_pool_size, tokenizer_worker_num):
     """Each tokenizer worker's pool: the budget split, never exceeded."""
     if total_pool_size <= 0:

@@ -121,6 +121,43 @@ def test_wrap_of_a_cuda_tensor_after_shutdown_is_refused():
     vs._imported_pool_cache_clear()
 
 
+def test_sglangs_own_lock_and_stream_failure_sequences():
+    """Two of sglang's own tests' sequences: recycling and reading the chunks
+    while holding the pool's lock, and a publish stream that cannot be made
+    (patched through the transport module's torch, as sglang's test does),
+    which must release the pool and the broker once each."""
+    from unittest import mock
+
+    need_gpu()
+    p = pool()
+    try:
+        proxy = pickle.loads(pickle.dumps(p.wrap_tensor(torch.ones(1024, device="cuda"))))
+        proxy.reconstruct_on_target_device(0, consumer_count=1)
+        with p._lock:
+            p._recycle_chunks()
+            p._merge_chunks()
+            assert p.occupied_chunks == [], p.occupied_chunks
+    finally:
+        p.shutdown()
+        vs._imported_pool_cache_clear()
+    release, close = vs.CudaVmmMemoryPool._release_allocation, vs._PosixFdBroker.close
+    with mock.patch("vmmt.sglang.torch.cuda.Stream",
+                    side_effect=RuntimeError("forced stream failure")), \
+            mock.patch.object(vs.CudaVmmMemoryPool, "_release_allocation", autospec=True,
+                              side_effect=release) as released, \
+            mock.patch.object(vs._PosixFdBroker, "close", autospec=True,
+                              side_effect=close) as closed:
+        try:
+            pool()
+        except RuntimeError as e:
+            assert "forced stream failure" in str(e), e
+        else:
+            raise AssertionError("a pool was made without its publish stream")
+    failed = released.call_args[0][0]
+    assert released.call_count == 1 and failed._pool.closed
+    assert closed.call_count == (0 if failed.use_fabric else 1)
+
+
 def test_lazy_bits_and_grad_are_published_as_values():
     """A CUDA tensor's negative or conjugate bit, or its autograd state, does
     not change what the rank rebuilds (test_attack_wire found the sign of a
