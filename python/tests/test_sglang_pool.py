@@ -430,3 +430,34 @@ def test_the_module_names_torch_as_sglangs_does(clean):
         assert torch.cuda.Stream is stream
     with pytest.raises(AttributeError, match="tensor_from_pointer"):
         vs.tensor_from_pointer
+
+
+def test_sglangs_own_rank_selection_names(clean):
+    # sglang's unit tests ask a bare proxy (object.__new__, consumer_count
+    # set) which ranks a consumer_count selects, by these names; the answer
+    # is the selection that acknowledgements use (half-open ranges).
+    vs.set_rank_resolver(vs.ParallelLayout(attn_tp_rank=1, attn_tp_size=2, attn_cp_rank=1))
+    for cls in (vs.CudaVmmTensorTransportProxy, vs.CudaVmmPackedTensorTransportProxy):
+        proxy = object.__new__(cls)
+        proxy.consumer_count = 4
+        assert proxy._resolve_consumer_count(None) == 1 and proxy._resolve_consumer_count(2) == 2
+        assert [proxy._acknowledgement_range(n) for n in (None, 1, 2, 4)] == \
+            [(3, 4), (3, 4), (2, 4), (0, 4)]
+        with pytest.raises(ValueError, match="consumer_count must be 1, the attention TP size"):
+            proxy._acknowledgement_range(3)
+
+
+def test_a_bare_transport_shuts_down(clean):
+    # sglang's tests build the transport with object.__new__ and set only
+    # its pool; shutdown and the async dispatch must not need the rest.
+    class Pool:
+        calls = 0
+
+        def shutdown(self):
+            Pool.calls += 1
+
+    transport = object.__new__(vs.CudaVmmFeatureTransport)
+    transport.pool = Pool()
+    transport.shutdown()
+    transport.shutdown()
+    assert Pool.calls == 2

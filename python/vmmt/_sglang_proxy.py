@@ -21,6 +21,7 @@ from functools import reduce
 import vmmt
 
 from . import _sglang_arrays as arrays
+from ._sglang_ranks import resolve as rank_resolve
 from ._sglang_ranks import spans as rank_spans
 
 
@@ -183,6 +184,15 @@ class CudaVmmTensorTransportProxy(_Base):
     @property
     def total_consumer_count(self):
         return self.consumer_count
+
+    # sglang's own names for the rank selection (its unit tests ask a bare
+    # proxy): the ranks that acknowledgements take, as a half-open range.
+    def _resolve_consumer_count(self, consumer_count):
+        return 1 if consumer_count is None else consumer_count
+
+    def _acknowledgement_range(self, consumer_count=None):
+        first, count = rank_resolve(consumer_count, self.consumer_count)
+        return first, first + count
 
     @property
     def descriptor(self):

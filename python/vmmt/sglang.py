@@ -93,7 +93,11 @@ sglang's own test helpers that reach into its internals (the pool's raw
 a publish stream's ``synchronize`` inside a device-source wrap) find nothing
 to reach: those are the library's now. ``occupied_chunks``,
 ``available_chunks``, ``_recycle_chunks``, ``_merge_chunks`` and
-``_publish_stream`` are kept, as summaries, for the tests that only read them.
+``_publish_stream`` are kept, as summaries, for the tests that only read them,
+with ``_lock`` (reentrant: those tests hold it around them), the proxies'
+``_resolve_consumer_count`` and ``_acknowledgement_range``, and the name
+``torch`` (tests patch ``torch.cuda.Stream`` through it). python/README.md
+says which of sglang's own tests should hold.
 
 Choose the pool with ``pool=`` ("device", sglang's fixed pool, the default;
 "elastic": device memory only while slices are in flight; "host": pinned
@@ -207,9 +211,12 @@ class CudaVmmFeatureTransport:
     tensors into proxies before dispatch, and takes them back when a request
     is not dispatched after all."""
 
+    # Until a host tensor first needs one (prepare_for_dispatch_async); a
+    # class default, for sglang's tests that build a bare transport.
+    _publisher_executor = None
+
     def __init__(self, server_args, mm_processor, *, pool=None):
         self.pool = None
-        self._publisher_executor = None
         if _transport_mode(server_args) != "cuda_vmm":
             return
         if mm_processor is None:
