@@ -36,9 +36,11 @@ uint64_t vmmt__liveness_tick(void)
     return atomic_fetch_add(&g_tick, 1) + 1;
 }
 
+/* Release, paired with vmmt__broker_stats' acquire: what was done before a
+ * count is seen by whoever reads it. */
 static void count(_Atomic uint64_t *counter)
 {
-    atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(counter, 1, memory_order_release);
 }
 
 static bool uid_allowed(const struct vmmt__broker *b, uid_t uid)
@@ -301,7 +303,6 @@ static void link_died(struct vmmt__broker *b, int i)
     }
 
     memcpy(held, b->conns[i].held, sizeof held);
-    count(&b->deaths);
     remove_conn(b, i);
     vmmt__log(VMMT_LOG_INFO, "fd broker: consumer pid %d (uid %u) died%s", (int)pid, (unsigned)uid,
               any ? "; releasing the ranks it alone held" : "");
@@ -310,6 +311,8 @@ static void link_died(struct vmmt__broker *b, int i)
     update_live(b);
     if (any && b->on_dead != NULL) b->on_dead(b->user, ranks, pid, uid, held);
     if (any_shared && b->on_dead_shared != NULL) b->on_dead_shared(b->user, shared, pid, uid);
+    /* Counted once handed on: whoever reads the count may rely on the release. */
+    count(&b->deaths);
 }
 
 /*

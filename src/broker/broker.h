@@ -125,7 +125,7 @@ struct vmmt__broker_stats {
     uint64_t served, refused_peer, refused_pool, timed_out, malformed;
     uint64_t evicted;  /* connections awaiting a request closed to make room for newer ones */
     uint64_t held;     /* liveness links open now (orphans included) */
-    uint64_t deaths;   /* links whose process died */
+    uint64_t deaths;   /* links whose process died, once on_dead has returned */
     uint64_t goodbyes; /* links closed by a consumer that stays alive */
 };
 void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats *out);

@@ -413,13 +413,13 @@ void vmmt__broker_stats(const struct vmmt__broker *b, struct vmmt__broker_stats 
     if (out == NULL) return;
     memset(out, 0, sizeof *out);
     if (b == NULL) return;
-    out->served = atomic_load_explicit(&b->served, memory_order_relaxed);
-    out->refused_peer = atomic_load_explicit(&b->refused_peer, memory_order_relaxed);
-    out->refused_pool = atomic_load_explicit(&b->refused_pool, memory_order_relaxed);
-    out->timed_out = atomic_load_explicit(&b->timed_out, memory_order_relaxed);
-    out->malformed = atomic_load_explicit(&b->malformed, memory_order_relaxed);
-    out->evicted = atomic_load_explicit(&b->evicted, memory_order_relaxed);
-    out->held = atomic_load_explicit(&b->held, memory_order_relaxed);
-    out->deaths = atomic_load_explicit(&b->deaths, memory_order_relaxed);
-    out->goodbyes = atomic_load_explicit(&b->goodbyes, memory_order_relaxed);
+    out->served = atomic_load_explicit(&b->served, memory_order_acquire);
+    out->refused_peer = atomic_load_explicit(&b->refused_peer, memory_order_acquire);
+    out->refused_pool = atomic_load_explicit(&b->refused_pool, memory_order_acquire);
+    out->timed_out = atomic_load_explicit(&b->timed_out, memory_order_acquire);
+    out->malformed = atomic_load_explicit(&b->malformed, memory_order_acquire);
+    out->evicted = atomic_load_explicit(&b->evicted, memory_order_acquire);
+    out->held = atomic_load_explicit(&b->held, memory_order_acquire);
+    out->deaths = atomic_load_explicit(&b->deaths, memory_order_acquire);
+    out->goodbyes = atomic_load_explicit(&b->goodbyes, memory_order_acquire);
 }

@@ -1410,6 +1410,41 @@ static void test_link_death_across_processes(void **state)
     check_resources(&before);
 }
 
+/* An on_dead slow to return, as a pool's release of many slices can be. */
+static void on_dead_slow(void *user, const uint64_t ranks[VMMT_BROKER_RANK_WORDS], pid_t pid,
+                         uid_t uid, const uint64_t held[VMMT_BROKER_MAX_RANKS])
+{
+    usleep(100 * 1000);
+    on_dead(user, ranks, pid, uid, held);
+}
+
+/*
+ * A death shows in the broker's counters only once its ranks were handed on:
+ * a reader who sees the count may rely on the release. (Found on a loaded
+ * machine under TSan: test_link_death_across_processes saw the count and
+ * not yet the call.)
+ */
+static void test_death_counted_once_handed_on(void **state)
+{
+    tu_resources before;
+    struct deaths dd = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    char where[300];
+    (void)state;
+    take_resources(&before);
+
+    int pool_fd = make_memfd();
+    struct vmmt__broker_config cfg = {.ranks = 4, .on_dead = on_dead_slow, .user = &dd};
+    struct vmmt__broker *b = start_ok(pool_fd, &cfg);
+    vmmt__broker_addr_format(vmmt__broker_address(b), where, sizeof where);
+    char *die[] = {where, (char *)POOL_HEX, "-1", "hold", "0", "1", NULL};
+    assert_int_equal(tu_wait(tu_spawn("broker_fetch", die, -1), 10000), 0);
+    wait_stat(b, pick_deaths, 1, 5000);
+    assert_int_equal(death_calls(&dd), 1);
+    vmmt__broker_stop(b);
+    close(pool_fd);
+    check_resources(&before);
+}
+
 /* An on_dead that holds the broker's thread inside its first call until told to go on. */
 struct gate {
     struct deaths d;
@@ -1678,6 +1713,7 @@ int main(void)
         cmocka_unit_test(test_link_in_process),
         cmocka_unit_test(test_link_pidfd_and_resolver),
         cmocka_unit_test(test_link_death_across_processes),
+        cmocka_unit_test(test_death_counted_once_handed_on),
         cmocka_unit_test(test_link_death_after_others_announcements),
         cmocka_unit_test(test_sync_reads_announcements),
         cmocka_unit_test(test_wire_parsers),
