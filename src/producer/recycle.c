@@ -315,17 +315,12 @@ int vmmt_pool_reclaim(vmmt_pool *p, uint32_t *freed)
 }
 
 /*
- * Sleep while nothing is in flight; otherwise reclaim once per interval. The
- * first read waits a whole interval too: a slice published a moment ago
- * cannot be acknowledged yet, and an early table read would only compete
- * with the publisher for the device.
- */
-/*
  * Reclaim once per interval while slices are in flight, and for a grace
  * period after the last one left (so that a steady stream of publishes never
  * pays for waking this thread); then sleep until a publish wakes it. The
  * first read after waking waits an interval too: a slice published a moment
- * ago cannot be acknowledged yet.
+ * ago cannot be acknowledged yet, and an early table read would only compete
+ * with the publisher for the device.
  */
 #define GRACE_INTERVALS 256
 
