@@ -715,6 +715,19 @@ VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, i
                                void *stream, int rank_first, int rank_count);
 
 /*
+ * Write now, in this thread, the acknowledgements of this consumer's copies
+ * that have completed. A stream-ordered consume's acknowledgement is
+ * otherwise written by the consumer's own thread, which looks at pending
+ * copies every few tens of microseconds. Call this after synchronizing the
+ * consume's stream when the producer should find the slice acknowledged at
+ * once (a producer in the same process that recycles right after, as
+ * sglang's tests do).
+ * Never waits for a copy still running: those stay with the thread.
+ * VMMT_EINVAL for NULL. Thread-safe.
+ */
+VMMT_API int vmmt_consumer_flush(vmmt_consumer *consumer);
+
+/*
  * Were the bytes a consume copied really the producer's? VMMT_OK, or
  * VMMT_EFAILED when the producer died before its copy into the slice was
  * done (its ready flag never set): a consumer (this one or another) then

@@ -197,6 +197,22 @@ static PyObject *consumer_check(ConsumerObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* flush(): vmmt_consumer_flush, the acknowledgements of completed copies written now. */
+static PyObject *consumer_flush(ConsumerObject *self, PyObject *unused)
+{
+    vmmt_consumer *c;
+    int st;
+
+    (void)unused;
+    if ((c = enter(self)) == NULL) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    st = vmmt_consumer_flush(c);
+    Py_END_ALLOW_THREADS;
+    leave(self);
+    if (st != VMMT_OK) return vmmtpy_raise(st);
+    Py_RETURN_NONE;
+}
+
 /* evict(pool_id: 16 bytes, device) */
 static PyObject *consumer_evict(ConsumerObject *self, PyObject *args)
 {
@@ -292,6 +308,7 @@ static PyMethodDef consumer_methods[] = {
     {"ack", (PyCFunction)consumer_ack, METH_VARARGS,
      "ack(desc, device, stream, rank_first, rank_count)"},
     {"check", (PyCFunction)consumer_check, METH_O, "check(desc): vmmt_consumer_check"},
+    {"flush", (PyCFunction)consumer_flush, METH_NOARGS, "flush(): vmmt_consumer_flush"},
     {"evict", (PyCFunction)consumer_evict, METH_VARARGS, "evict(pool_id, device)"},
     {"pool_count", (PyCFunction)consumer_pool_count, METH_NOARGS, "pools imported now"},
     {"cache_info", (PyCFunction)consumer_cache_info, METH_NOARGS,

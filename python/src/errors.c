@@ -60,6 +60,7 @@ static const char *const c_to_python[][2] = {
     {"vmmt_consume", "Consumer.consume()"},
     {"vmmt_consumer_ack", "Consumer.ack()"},
     {"vmmt_consumer_check", "Consumer.check()"},
+    {"vmmt_consumer_flush", "Consumer.flush()"},
     {"vmmt_consumer_evict", "Consumer.evict()"},
     {"vmmt_pool_release_rank", "Pool.release_rank()"},
     {"vmmt_pool_drain", "Pool.drain()"},

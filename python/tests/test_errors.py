@@ -92,7 +92,7 @@ def test_closed(no_leaks):
         c = vmmt.Consumer()
         c.close()
         for call in (lambda: c.consume(d, ranks=0), lambda: c.ack(d, ranks=0),
-                     lambda: c.check(d)):
+                     lambda: c.check(d), c.flush):
             with pytest.raises(vmmt.Closed, match="consumer is closed"):
                 call()
         pool.cancel(d)

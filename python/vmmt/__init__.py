@@ -1047,6 +1047,13 @@ class Consumer:
         the producer's. Call it wherever producers may die."""
         self._c.check(_desc_bytes(desc))
 
+    def flush(self):
+        """Write now the acknowledgements of consumes whose copies have
+        completed (this consumer's thread does within tens of microseconds
+        otherwise): after synchronizing the stream, for a producer that
+        should find the slices acknowledged at once. Never waits for a copy."""
+        self._c.flush()
+
     def __repr__(self):
         if self.closed:
             return "Consumer(closed)"

@@ -22,6 +22,7 @@ from . import _sglang_arrays as arrays
 from ._sglang_probe import HandleType, probe_device
 from ._sglang_proxy import (CudaVmmPackedTensorTransportProxy, CudaVmmTensorTransportProxy,
                             _CudaVmmPackedTransportOwner)
+from ._sglang_proxy import _flush_acknowledgements as flush_acknowledgements
 
 logger = logging.getLogger("vmmt.sglang")
 
@@ -284,7 +285,9 @@ class CudaVmmMemoryPool:
 
     def _recycle_chunks(self):
         """Recycle every acknowledged slice now (the library's recycler also
-        does it on its own, every millisecond)."""
+        does it on its own, every millisecond), with the acknowledgements of
+        this process's own completed rebuilds written first."""
+        flush_acknowledgements()
         if self._pool is not None and not self._pool.closed:
             self._pool.reclaim()
         with self._lock:

@@ -68,6 +68,17 @@ def _consumer():
     return _consumer_obj
 
 
+def _flush_acknowledgements():
+    """Write now the acknowledgements of this process's rebuilds whose copies
+    have completed (vmmt.Consumer.flush; the consumer's thread does within
+    tens of microseconds otherwise): a pool of this process that recycles
+    right after a synchronize then finds them, as sglang's tests expect."""
+    with _lock:
+        consumer = _consumer_obj
+        if consumer is not None and not consumer.closed:
+            consumer.flush()
+
+
 def _imported_pool_cache_clear():
     """Let go of every imported pool of this process (sglang's name): closes
     the process's vmmt.Consumer; the next proxy makes a new one. Tensors

@@ -950,3 +950,12 @@ int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void 
     vmmt__ctx_leave();
     return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "vmmt_consumer_ack");
 }
+
+int vmmt_consumer_flush(vmmt_consumer *c)
+{
+    if (c == NULL) return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_flush: consumer is NULL");
+    /* The acker's own pass, in this thread: each copy's event is asked in its
+     * device's context, and a copy not finished stays pending. */
+    vmmt__acker_flush(c->acker);
+    return VMMT_OK;
+}

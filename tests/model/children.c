@@ -537,6 +537,7 @@ int mt_consumer_main(int timeout_ms, uint64_t unit)
             break;
         case C_VERIFY: c_verify(&k, &c, &r); break;
         case C_CHECK: note(&r, vmmt_consumer_check(k.c, &c.desc)); break;
+        case C_FLUSH: note(&r, vmmt_consumer_flush(k.c)); break;
         case C_EVICT: c_evict(&k, &c, &r); break;
         case C_END:
             c_end(&k, &r);

@@ -94,6 +94,7 @@ static const char *const kind_names[K_COUNT] = {"host_table", "device_table", "s
     X(check_group_left, "checks VMMT_EFAILED of a member of a group left open", 0)                 \
     X(unseen_ok, "OKs before another process's ack showed (device table)", 0)                      \
     X(check_unseen, "checks VMMT_EFAILED of such a copy", 0)                                       \
+    X(flush, "flushes of completed copies' acknowledgements", 1)                                   \
     X(evict_ok, "evictions", 1)                                                                    \
     X(evict_refused, "evictions refused (copy queued or group half consumed)", 1)                  \
     X(consumer_kill, "consumers killed and restarted", 1)                                          \
@@ -1394,6 +1395,26 @@ static int op_check(void)
     return 1;
 }
 
+/*
+ * vmmt_consumer_flush at a random point of a consumer's life: it only moves
+ * the acknowledgements of completed copies from the consumer's thread to
+ * this call, so every answer after it must still be one the model allows
+ * (tests/unit/test_consumer_flush.c holds that a reclaim right after frees).
+ */
+static int op_flush(void)
+{
+    int s = live_seat_random();
+    struct mt_cmd c;
+    if (s < 0 || skipped("flush")) return 0;
+    cmd_init(&c, C_FLUSH);
+    call(&R.cons[s], &c);
+    if (rep.status != VMMT_OK)
+        finding("vmmt_consumer_flush by consumer %d answered %s: %s", s, st_name(rep.status),
+                rep.msg);
+    R.ctr[CTR_flush]++;
+    return 1;
+}
+
 static int do_evict(int s, int must)
 {
     struct mt_cmd c;
@@ -2014,10 +2035,12 @@ static const struct op normal_ops[] = {
     {op_token, 1},        {op_bad_ranks, 1},     {op_check, 2},   {op_evict, 2},
     {op_evict_old, 1},    {op_kill_consumer, 1}, {op_release, 1}, {op_reclaim, 1},
     {op_stats, 2},        {op_gated_open, 2},    {op_quiesce, 2}, {op_chunk_cycle, 1},
+    {op_flush, 2},
 };
 
 static const struct op after_ops[] = {
-    {op_replay, 6}, {op_forge, 3}, {op_check, 2}, {op_after_shutdown, 3}, {op_evict, 1},
+    {op_replay, 6},         {op_forge, 3}, {op_check, 2},
+    {op_after_shutdown, 3}, {op_evict, 1}, {op_flush, 1},
 };
 
 static void run_op(const struct op *ops, size_t n)
@@ -2158,8 +2181,8 @@ int main(int argc, char **argv)
                     "fabric|all] [--steps N | --seconds S] [--skip op,...] [--strict-end] "
                     "[--keep-going] [--one-ahead N] [--verbose]\n  ops to skip: publish packed "
                     "reserve cancel consume drop "
-                    "replay forge one_ahead check evict kill_consumer auto_release release gate "
-                    "gate_kill\n",
+                    "replay forge one_ahead check flush evict kill_consumer auto_release release "
+                    "gate gate_kill\n",
                     argv[0]);
             return 2;
         }

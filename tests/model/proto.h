@@ -45,6 +45,7 @@ enum mt_op {
     C_CHECK,   /* desc: vmmt_consumer_check */
     C_EVICT,   /* desc names the pool; flags MT_F_RETRY */
     C_END,
+    C_FLUSH, /* vmmt_consumer_flush */
 };
 
 /* Command flags. */
