@@ -379,7 +379,9 @@ static void spawn(struct child *c, char *const argv[])
     if (c->pid == 0) {
         if (dup2(sv[1], MT_CHILD_FD) < 0) _exit(126);
         if (c->env[0]) putenv(c->env);
-        execv(R.self, argv);
+        /* This process's own binary, not the file at its path: a rebuild that
+         * relinked it mid-run made every later child fail to start (exit 127). */
+        execv("/proc/self/exe", argv);
         _exit(127);
     }
     close(sv[1]);
