@@ -640,8 +640,9 @@ typedef struct vmmt_consumer vmmt_consumer;
 
 /* Grows at its end only (see "Struct versions" at the top). */
 typedef struct vmmt_consumer_config {
-    int timeout_ms; /* broker fetch, and waits for a ready flag on the host; default (and 0)
-                       5000; negative is VMMT_EINVAL */
+    int timeout_ms; /* broker fetch, waits for a ready flag on the host, and how long a device
+                       table's acknowledgement that fails to write is tried again; default
+                       (and 0) 5000; negative is VMMT_EINVAL */
     /*
      * Imported pools kept at most; importing one more evicts the least
      * recently used idle pool: no copy out of it still queued (each copy is
@@ -687,7 +688,12 @@ static inline int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_
  * could not be queued, acknowledges nothing: the call may be retried. (The
  * acknowledgement itself is written by a thread of the consumer's once the
  * copy has completed, and only while the slot still shows the occupant; a
- * device table's is tried again there if its write fails.) dst must not be 0,
+ * device table's is tried again there if its write fails, for up to the
+ * consumer's timeout_ms, after which vmmt_consumer_check says VMMT_EFAILED and
+ * the slice waits for vmmt_pool_release_rank. Never while the driver cannot
+ * say whether the copy has completed: a copy whose event keeps failing for a
+ * second is taken as failed on its stream, acknowledged, and
+ * vmmt_consumer_check says VMMT_EFAILED.) dst must not be 0,
  * and dst + nbytes must not wrap. A descriptor changed in any byte after
  * vmmt_publish returned it, or made by a process that never held the pool,
  * fails its seal: VMMT_EPROTO, nothing imported, copied or written. A

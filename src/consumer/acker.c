@@ -17,7 +17,12 @@ struct pending {
     int (*write)(void *); /* the acknowledgement; NULL: only the copy's end is waited for */
     void (*done)(void *, int);
     void *arg;
+    int64_t query_failing_ms; /* when its event's query first failed; 0: it has not */
 };
+
+/* How long an event's query must keep failing to be taken as the copy's own
+ * failure (the stream stopped there) rather than the query's. */
+#define QUERY_FAIL_MS 1000
 
 struct vmmt__acker {
     pthread_mutex_t lock;
@@ -44,14 +49,32 @@ int vmmt__acker_create(struct vmmt__acker **out)
     return VMMT_OK;
 }
 
-/* The copy has completed: acknowledge, then tell the caller whether it was. */
-static void write_words(struct pending *p)
+/*
+ * The copy has completed: acknowledge, then tell the caller whether it was
+ * (VMMT__ACK_COPY_FAILED whatever was written, when the copy failed on its
+ * stream). 0 when the writer asks to be called again later (a driver call
+ * failed; the entry stays pending), 1 when done.
+ */
+static int write_words(struct pending *p, int copy_failed)
 {
     int acked = p->write != NULL ? p->write(p->arg) : 1;
-    p->done(p->arg, acked);
+
+    if (acked == VMMT__ACK_AGAIN) return 0;
+    p->done(p->arg, copy_failed ? VMMT__ACK_COPY_FAILED : acked);
+    return 1;
 }
 
-/* Query an entry's event in its device's context: 1 done, 0 pending. */
+/*
+ * Query an entry's event in its device's context: 1 done, 0 pending, -1 the
+ * copy failed on its stream. A query that fails says nothing of the copy,
+ * which may still be queued: acknowledged then, its slice went to the next
+ * publish and the copy read that buffer's bytes, with vmmt_consume and
+ * vmmt_consumer_check both OK (an attacker's test_attack_flush,
+ * event_query_fails). So the entry stays pending and is asked again. Only an
+ * error that persists for QUERY_FAIL_MS is taken as the copy's own (a stream
+ * that failed reports it at every query): its slice is given back and the
+ * copy marked failed, so that vmmt_consumer_check says so.
+ */
 static int finished(struct pending *p)
 {
     CUresult r;
@@ -62,12 +85,20 @@ static int finished(struct pending *p)
     if (vmmt__ctx_enter(p->device) != VMMT_OK) return 0;
     r = vmmt__drv()->cuEventQuery(p->ev);
     vmmt__ctx_leave();
-    if (r == CUDA_ERROR_NOT_READY) return 0;
-    /* A failed copy still gives the slice back: the consume already reported it. */
-    if (r != CUDA_SUCCESS)
-        vmmt__log(VMMT_LOG_WARN, "acknowledgement event failed (%s); acknowledging anyway",
-                  vmmt__cu_name(r));
-    return 1;
+    if (r == CUDA_SUCCESS) return 1;
+    if (r == CUDA_ERROR_NOT_READY) {
+        p->query_failing_ms = 0;
+        return 0;
+    }
+    if (p->query_failing_ms == 0) {
+        p->query_failing_ms = vmmt__now_ms();
+        vmmt__log(VMMT_LOG_WARN,
+                  "cannot learn whether a consume's copy has completed (cuEventQuery: %s): its "
+                  "acknowledgement waits, and is given as a failed copy's if this lasts %d ms",
+                  vmmt__cu_name(r), QUERY_FAIL_MS);
+        return 0;
+    }
+    return vmmt__now_ms() - p->query_failing_ms >= QUERY_FAIL_MS ? -1 : 0;
 }
 
 /* One pass: acknowledge every finished entry; lock held on entry and exit. */
@@ -80,8 +111,8 @@ static void sweep(struct vmmt__acker *a)
     pthread_mutex_unlock(&a->lock);
     for (struct pending *p = todo; p != NULL; p = next) {
         next = p->next;
-        if (finished(p)) {
-            write_words(p);
+        int f = finished(p);
+        if (f != 0 && write_words(p, f < 0)) {
             pthread_mutex_lock(&a->lock);
             p->next = a->spare;
             a->spare = p;
@@ -161,6 +192,32 @@ static int start_thread(struct vmmt__acker *a)
     return VMMT_OK;
 }
 
+/* Where no thread can finish it later: the writer called until it is done
+ * (it gives up on its own once its failures outlast the consumer's timeout). */
+static void write_words_here(struct pending *p, int copy_failed)
+{
+    struct timespec pause = {0, 1000000};
+
+    while (!write_words(p, copy_failed))
+        nanosleep(&pause, NULL);
+}
+
+/* Into the list the thread sweeps; 0 when there is no thread to sweep it. */
+static int queue(struct vmmt__acker *a, struct pending *p)
+{
+    int st;
+
+    pthread_mutex_lock(&a->lock);
+    st = start_thread(a);
+    if (st == VMMT_OK) {
+        p->next = a->pending;
+        a->pending = p;
+        pthread_cond_signal(&a->wake);
+    }
+    pthread_mutex_unlock(&a->lock);
+    return st == VMMT_OK;
+}
+
 int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, int (*write)(void *),
                       void (*done)(void *, int), void *arg)
 {
@@ -176,35 +233,37 @@ int vmmt__acker_defer(struct vmmt__acker *a, int device, CUstream stream, int (*
         struct pending now = {.write = write, .done = done, .arg = arg};
         vmmt__log(VMMT_LOG_WARN, "%s; acknowledging after a stream synchronize", vmmt_last_error());
         r = vmmt__drv()->cuStreamSynchronize(stream);
-        write_words(&now);
+        /* Drained, or failed (the stream stops at its error): nothing of it runs later. */
+        write_words_here(&now, r != CUDA_SUCCESS);
         return r == CUDA_SUCCESS ? VMMT_OK
                                  : vmmt__cu_fail(r, "cuStreamSynchronize before acknowledging");
     }
     p->write = write;
     p->done = done;
     p->arg = arg;
+    p->query_failing_ms = 0;
     r = vmmt__drv()->cuEventRecord(p->ev, stream);
-    /* Nothing queued before it (a dropped descriptor): acknowledge right here. */
-    if (r == CUDA_SUCCESS) r = vmmt__drv()->cuEventQuery(p->ev);
-    if (r == CUDA_ERROR_NOT_READY) {
-        pthread_mutex_lock(&a->lock);
-        st = start_thread(a);
-        if (st == VMMT_OK) {
-            p->next = a->pending;
-            a->pending = p;
-            pthread_cond_signal(&a->wake);
-        }
-        pthread_mutex_unlock(&a->lock);
-        if (st == VMMT_OK) return VMMT_OK;
+    if (r == CUDA_SUCCESS) {
+        /* Nothing queued before it (a dropped descriptor): acknowledged right
+         * here. Not yet done, or the query failed: the thread asks again. */
+        if (vmmt__drv()->cuEventQuery(p->ev) == CUDA_SUCCESS && write_words(p, 0)) goto spare;
+        if (queue(a, p)) return VMMT_OK;
         /* No thread to finish it later: wait for the copy here. */
+        /* (An error: the copy failed, and the stream stopped there.) */
         r = vmmt__drv()->cuEventSynchronize(p->ev);
-    } else if (r != CUDA_SUCCESS) {
-        /* The event says nothing: the copy may still be queued, so the slice
-         * must not be given back before the stream has drained. */
-        st = vmmt__cu_fail(r, "cuEventRecord after the copy");
-        vmmt__drv()->cuStreamSynchronize(stream);
+        write_words_here(p, r != CUDA_SUCCESS);
+        goto spare;
     }
-    write_words(p);
+    /* The event was not recorded and says nothing: only a drained stream does
+     * (or a failed one, which stops at its error). */
+    st = vmmt__cu_fail(r, "cuEventRecord after the copy");
+    r = vmmt__drv()->cuStreamSynchronize(stream);
+    /* A writer that asks to be called again is called by the thread (an event
+     * never recorded reads complete), or here where there is none. */
+    if (r == CUDA_SUCCESS && write_words(p, 0)) goto spare;
+    if (r == CUDA_SUCCESS && queue(a, p)) return st;
+    write_words_here(p, r != CUDA_SUCCESS);
+spare:
     pthread_mutex_lock(&a->lock);
     p->next = a->spare;
     a->spare = p;
@@ -264,15 +323,22 @@ void vmmt__acker_destroy(struct vmmt__acker *a)
     pthread_cond_broadcast(&a->wake);
     pthread_mutex_unlock(&a->lock);
     if (a->started) pthread_join(a->thread, NULL);
-    /* Whatever is still pending: its copy ends, then the slice is given back. */
+    /* Whatever is still pending: its copy ends, then the slice is given back;
+     * one whose end cannot be waited for is not. */
     while (a->pending != NULL) {
         struct pending *p = a->pending;
+        int ended = vmmt__ctx_enter(p->device) == VMMT_OK;
         a->pending = p->next;
-        if (vmmt__ctx_enter(p->device) == VMMT_OK) {
-            d->cuEventSynchronize(p->ev);
+        CUresult r = CUDA_SUCCESS;
+        if (ended) {
+            r = d->cuEventSynchronize(p->ev);
             vmmt__ctx_leave();
         }
-        write_words(p);
+        /* An error: the copy failed, and its stream stopped there. */
+        if (ended)
+            write_words_here(p, r != CUDA_SUCCESS);
+        else
+            p->done(p->arg, VMMT__ACK_LOST);
         p->next = a->spare;
         a->spare = p;
     }

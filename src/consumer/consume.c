@@ -139,7 +139,7 @@ static void forget(struct request *rq)
             rq->pool->open_groups--;
             /* Its members' copies may have read the slice's next buffer: check says so. */
             vmmt__consumer_remember_failed(rq->pool->owner, rq->pool, rq->d.slot, rq->d.generation,
-                                           1);
+                                           VMMT__FAILED_OVERTAKEN);
         }
     memset(s, 0, sizeof *s);
 }
@@ -163,7 +163,8 @@ static void forget_groups_with(struct request *rq, uint32_t r)
         memset(g, 0, sizeof *g);
         rq->pool->open_groups--;
         /* The slot may be recycled now, under copies of members consumed here. */
-        vmmt__consumer_remember_failed(rq->pool->owner, rq->pool, rq->d.slot, rq->d.generation, 1);
+        vmmt__consumer_remember_failed(rq->pool->owner, rq->pool, rq->d.slot, rq->d.generation,
+                                       VMMT__FAILED_OVERTAKEN);
     }
 }
 
@@ -189,7 +190,7 @@ static int claim(struct request *rq)
             if (s->groups[i].members != 0) {
                 rq->pool->open_groups--;
                 vmmt__consumer_remember_failed(rq->pool->owner, rq->pool, rq->d.slot, s->generation,
-                                               1);
+                                               VMMT__FAILED_OVERTAKEN);
             }
         memset(s, 0, sizeof *s);
         s->generation = rq->d.generation;
@@ -729,6 +730,7 @@ struct ack_note {
     struct imported *pool;
     uint32_t slot, gen, stride, first, count;
     int timeout_ms;
+    int64_t failing_since_ms; /* a device table's write failing since then; 0: it is not */
 };
 
 /*
@@ -765,37 +767,47 @@ static int write_shared(void *arg)
     return 1;
 }
 
-/* Tries of a device table's acknowledgement before its slice is left to a rank's release. */
-#define DEVICE_ACK_TRIES 3
-
 /*
  * A device table: stream writes, after a read of the ready word
  * (device_table.c). From the acker's thread, after vmmt_consume returned:
- * a failure cannot be reported to its caller, so it is tried again (a
- * driver call that failed once, as the fault sweep injects); one that
- * persists means the device is failing, and the slice waits for
- * vmmt_pool_release_rank (logged; vmmt_consumer_check says VMMT_EFAILED).
+ * a failure cannot be reported to its caller, so it is tried again on the
+ * acker's later passes (the fault sweep injects one failed call; an
+ * attacker's test_attack_flush three in a row, which three tries in a row
+ * did not outlast, and the acknowledgement was lost for good). One that
+ * persists past the consumer's timeout means the device is failing: the
+ * slice waits for vmmt_pool_release_rank (logged), and vmmt_consumer_check
+ * says VMMT_EFAILED, as whether the slot moved on during the copy was never
+ * learned.
  */
 static int write_device(void *arg)
 {
-    const struct ack_note *n = arg;
+    struct ack_note *n = arg;
     struct vmmt__saved_error e;
-    int written = 0, st = VMMT_OK;
+    int written = 0, st;
 
     vmmt__error_save(&e);
-    for (int tries = 0; tries < DEVICE_ACK_TRIES && (tries == 0 || st != VMMT_OK); tries++)
-        st = vmmt__table_write_acks(n->pool, n->slot, n->stride, n->first, n->count, n->gen,
-                                    n->timeout_ms, &written);
+    st = vmmt__table_write_acks(n->pool, n->slot, n->stride, n->first, n->count, n->gen,
+                                n->timeout_ms, &written);
+    if (st != VMMT_OK && n->failing_since_ms == 0) {
+        n->failing_since_ms = vmmt__now_ms();
+        vmmt__log(VMMT_LOG_WARN,
+                  "acknowledgement of slot %u generation %u not written yet (%s): trying again",
+                  n->slot, n->gen, vmmt_last_error());
+    }
+    if (st != VMMT_OK && vmmt__now_ms() - n->failing_since_ms <= n->timeout_ms) {
+        vmmt__error_restore(&e);
+        return VMMT__ACK_AGAIN;
+    }
     if (st != VMMT_OK)
         vmmt__log(VMMT_LOG_ERROR,
-                  "acknowledgement of slot %u generation %u could not be written (%s): its "
-                  "slice waits for vmmt_pool_release_rank",
-                  n->slot, n->gen, vmmt_last_error());
+                  "acknowledgement of slot %u generation %u could not be written for %d ms (%s): "
+                  "its slice waits for vmmt_pool_release_rank",
+                  n->slot, n->gen, n->timeout_ms, vmmt_last_error());
     else if (!written)
         vmmt__log(VMMT_LOG_DEBUG, "acknowledgement of generation %u not written: the slot moved on",
                   n->gen);
     vmmt__error_restore(&e);
-    return written;
+    return st != VMMT_OK ? VMMT__ACK_LOST : written;
 }
 
 static void ack_done(void *arg, int acked)
@@ -803,7 +815,12 @@ static void ack_done(void *arg, int acked)
     struct ack_note *n = arg;
     struct imported *ip = n->pool;
 
-    if (!acked) vmmt__consumer_remember_failed(ip->owner, ip, n->slot, n->gen, 1);
+    if (acked == 0)
+        vmmt__consumer_remember_failed(ip->owner, ip, n->slot, n->gen, VMMT__FAILED_OVERTAKEN);
+    else if (acked == VMMT__ACK_LOST)
+        vmmt__consumer_remember_failed(ip->owner, ip, n->slot, n->gen, VMMT__FAILED_UNCONFIRMED);
+    else if (acked == VMMT__ACK_COPY_FAILED)
+        vmmt__consumer_remember_failed(ip->owner, ip, n->slot, n->gen, VMMT__FAILED_COPY);
     free(n);
     __atomic_sub_fetch(&ip->copies, 1, __ATOMIC_RELEASE);
 }
@@ -837,8 +854,8 @@ static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
 static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int after_copy,
                       int *written)
 {
-    struct ack_note now = {rq->pool,  rq->d.slot, rq->d.generation, rq->d.slot_stride,
-                           rq->first, rq->count,  c->cfg.timeout_ms},
+    struct ack_note now = {rq->pool,  rq->d.slot, rq->d.generation,  rq->d.slot_stride,
+                           rq->first, rq->count,  c->cfg.timeout_ms, 0},
                     *note;
     int st;
 

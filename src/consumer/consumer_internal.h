@@ -90,7 +90,7 @@ struct imported {
 struct failed_desc {
     uint8_t pool_id[16];
     uint32_t slot, generation;
-    int overtaken; /* its occupant left while the copy ran; else its producer died first */
+    int why; /* VMMT__FAILED_*: what check says of it */
 };
 
 #define FAILED_KEPT 1024 /* failed descriptors remembered per consumer */
@@ -190,8 +190,14 @@ int vmmt__watch_add(struct vmmt_consumer *c, struct imported *ip);     /* lock h
 void vmmt__watch_remove(struct vmmt_consumer *c, struct imported *ip); /* lock held */
 void vmmt__watch_stop(struct vmmt_consumer *c);                        /* lock not held */
 
+/* Why a copy is not known to be its buffer, as vmmt_consumer_check tells it. */
+#define VMMT__FAILED_DEAD        0 /* its producer died before the bytes were ready */
+#define VMMT__FAILED_OVERTAKEN   1 /* its occupant left the slot while the copy ran */
+#define VMMT__FAILED_UNCONFIRMED 2 /* the driver kept failing after the copy: not judged */
+#define VMMT__FAILED_COPY        3 /* the copy failed on its stream */
+
 /* Remember a descriptor whose copy is not its buffer, for vmmt_consumer_check (any thread). */
 void vmmt__consumer_remember_failed(struct vmmt_consumer *c, const struct imported *ip,
-                                    uint32_t slot, uint32_t gen, int overtaken);
+                                    uint32_t slot, uint32_t gen, int why);
 
 #endif

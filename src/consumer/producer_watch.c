@@ -72,7 +72,7 @@ static int gone_now(const struct imported *ip)
 }
 
 void vmmt__consumer_remember_failed(struct vmmt_consumer *c, const struct imported *ip,
-                                    uint32_t slot, uint32_t gen, int overtaken)
+                                    uint32_t slot, uint32_t gen, int why)
 {
     struct failed_desc *f;
 
@@ -81,7 +81,7 @@ void vmmt__consumer_remember_failed(struct vmmt_consumer *c, const struct import
     memcpy(f->pool_id, ip->geometry.pool_id, 16);
     f->slot = slot;
     f->generation = gen;
-    f->overtaken = overtaken;
+    f->why = why;
     c->failed_next = (c->failed_next + 1) % FAILED_KEPT;
     if (c->failed_count < FAILED_KEPT) c->failed_count++;
     pthread_mutex_unlock(&c->failed_lock);
@@ -90,7 +90,7 @@ void vmmt__consumer_remember_failed(struct vmmt_consumer *c, const struct import
 static void remember_failed(struct vmmt_consumer *c, const struct imported *ip, uint32_t slot,
                             uint32_t gen)
 {
-    vmmt__consumer_remember_failed(c, ip, slot, gen, 0);
+    vmmt__consumer_remember_failed(c, ip, slot, gen, VMMT__FAILED_DEAD);
 }
 
 /* Ready words of a device table: read all at once, set the failed ones; on a stream of our own. */
@@ -340,7 +340,7 @@ static int open_member(const struct slot_state *s, const struct vmmt__desc *d)
 int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
 {
     struct vmmt__desc d;
-    int st, failed = 0, overtaken = 0, pid = 0;
+    int st, failed = 0, why = VMMT__FAILED_DEAD, pid = 0;
 
     if (c == NULL || desc == NULL)
         return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_check: consumer and descriptor are required");
@@ -392,7 +392,10 @@ int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
             }
             enum vmmt__occupant occ = vmmt__occupant_of(ready, d.generation);
             if (occ == VMMT__OCC_ABANDONED) failed = 1;
-            if (open && occ == VMMT__OCC_GONE) failed = overtaken = 1;
+            if (open && occ == VMMT__OCC_GONE) {
+                failed = 1;
+                why = VMMT__FAILED_OVERTAKEN;
+            }
         }
     }
     pthread_mutex_lock(&c->failed_lock);
@@ -400,13 +403,26 @@ int vmmt_consumer_check(vmmt_consumer *c, const vmmt_desc *desc)
         if (memcmp(c->failed[i].pool_id, d.pool_id, 16) == 0 && c->failed[i].slot == d.slot &&
             c->failed[i].generation == d.generation) {
             failed = 1;
-            overtaken = c->failed[i].overtaken;
+            why = c->failed[i].why;
         }
     pthread_mutex_unlock(&c->failed_lock);
     pid = d.producer_pid;
     pthread_mutex_unlock(&c->lock);
     if (!failed) return VMMT_OK;
-    if (overtaken)
+    if (why == VMMT__FAILED_COPY)
+        return vmmt__fail(VMMT_EFAILED,
+                          "vmmt_consumer_check: this process's copy of descriptor (slot %u, "
+                          "generation %u) failed on its stream (the stream's synchronize says "
+                          "why): what landed is not the buffer: drop the request",
+                          d.slot, d.generation);
+    if (why == VMMT__FAILED_UNCONFIRMED)
+        return vmmt__fail(VMMT_EFAILED,
+                          "vmmt_consumer_check: after this process's copy of descriptor (slot %u, "
+                          "generation %u) the driver kept failing, so whether its occupant stayed "
+                          "in the slot throughout was never learned (and its acknowledgement not "
+                          "written: its slice waits for vmmt_pool_release_rank): drop the request",
+                          d.slot, d.generation);
+    if (why == VMMT__FAILED_OVERTAKEN)
         return vmmt__fail(VMMT_EFAILED,
                           "vmmt_consumer_check: descriptor (slot %u, generation %u) left its slot "
                           "while this process's copy ran (the producer cancelled it, or released "

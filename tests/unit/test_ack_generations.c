@@ -320,8 +320,9 @@ static void test_failed_wait_acknowledges_nothing(void **state)
  * A device table's acknowledgement after a copy is written by the acker's
  * thread once the copy is done (after a read of the ready word): a failed
  * write there cannot reach vmmt_consume's caller, so it is tried again and
- * the slice comes back; one that keeps failing leaves the slice to
- * vmmt_pool_release_rank and vmmt_consumer_check says VMMT_EFAILED. (Only a
+ * the slice comes back; one that keeps failing past the consumer's timeout
+ * leaves the slice to vmmt_pool_release_rank and vmmt_consumer_check says
+ * VMMT_EFAILED. (Only a
  * dropped descriptor of a synchronous hand-off is written in the call, its
  * failure returned; the random sequences below cover it.)
  */
@@ -349,17 +350,40 @@ static void test_failed_ack_write_retry(void **state)
     assert_int_equal(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
                      VMMT_ESTATE);
 
-    /* Every write fails: the check says so, and the rank's release gives the slice back. */
+    /* Every write fails for a while: tried again on the acker's later passes, the
+     * bytes are right (check OK), and the acknowledgement lands once the driver works
+     * again (three failures in a row lost it for good: test_attack_flush). */
     assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
     emu_fail("cuStreamWriteValue32:*:CUDA_ERROR_INVALID_VALUE");
     assert_vmmt_ok(vmmt_consume(f->consumer, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
     assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
-    assert_int_equal(vmmt_consumer_check(f->consumer, &d), VMMT_EFAILED);
+    assert_vmmt_ok(vmmt_consumer_check(f->consumer, &d));
+    assert_int_equal(in_flight_now(f), 1);
+    emu_reset();
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+
+    /* Failing past the consumer's timeout: given up, the check says so, and the
+     * ranks' release gives the slice back. */
+    vmmt_consumer_config cc;
+    vmmt_consumer *brief;
+    int st = VMMT_OK;
+    vmmt_consumer_config_init(&cc);
+    cc.timeout_ms = 100;
+    assert_vmmt_ok(vmmt_consumer_create(&cc, &brief));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &d));
+    emu_fail("cuStreamWriteValue32:*:CUDA_ERROR_INVALID_VALUE");
+    assert_vmmt_ok(vmmt_consume(brief, &d, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(f->stream), CUDA_SUCCESS);
+    for (int i = 0; i < 500 && (st = vmmt_consumer_check(brief, &d)) == VMMT_OK; i++)
+        usleep(10 * 1000);
+    assert_int_equal(st, VMMT_EFAILED);
+    assert_non_null(strstr(vmmt_last_error(), "driver kept failing"));
     emu_reset();
     assert_int_equal(in_flight_now(f), 1);
     assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 0));
     assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 1));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    vmmt_consumer_destroy(brief);
 
     /* A dropped descriptor: its acknowledgement follows the stream's wait for the ready
      * word, so the acker writes it too, and tries again. */
