@@ -25,7 +25,9 @@
  * else), and vmmt_pool_destroy / vmmt_consumer_destroy, which must be the
  * last call on their object (no other thread may be using it, or use it
  * after). The library's own threads (recycler, broker, acknowledgements) may
- * call the log callback; it must be thread-safe.
+ * call the log callback; it must be thread-safe, and may be called with the
+ * library's locks held: it must not call vmmt, nor wait for a thread that
+ * may be inside a vmmt call.
  *
  * Struct versions: the config (pool, consumer and group), stats, buffer,
  * descriptor-info and device-probe structs may gain fields at their end in later versions. The
