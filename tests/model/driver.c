@@ -94,6 +94,7 @@ static const char *const kind_names[K_COUNT] = {"host_table", "device_table", "s
     X(check_group_left, "checks VMMT_EFAILED of a member of a group left open", 0)                 \
     X(unseen_ok, "OKs before another process's ack showed (device table)", 0)                      \
     X(check_unseen, "checks VMMT_EFAILED of such a copy", 0)                                       \
+    X(check_raced, "checks VMMT_EFAILED of a copy whose rank such a one completed", 0)             \
     X(flush, "flushes of completed copies' acknowledgements", 1)                                   \
     X(evict_ok, "evictions", 1)                                                                    \
     X(evict_refused, "evictions refused (copy queued or group half consumed)", 1)                  \
@@ -727,7 +728,10 @@ static int real_call(int s, int rec, int member, unsigned Rm, int ack, int flags
         if (r->landed) R.ctr[CTR_check_ok]++;
         add_copy(s, rec, member, r->landed ? VMMT_OK : VMMT_EFAILED, Rm)->unseen = v.unseen;
     }
-    if (v.unseen) R.ctr[CTR_unseen_ok]++;
+    if (v.unseen) {
+        R.ctr[CTR_unseen_ok]++;
+        r->raced |= Rm;
+    }
     if (ended)
         R.ctr[CTR_after_end_ok]++;
     else if (ack)
@@ -1374,6 +1378,12 @@ static int op_check(void)
     }
     if (rep.status == VMMT_EFAILED && cp->expect == VMMT_OK && cp->unseen) {
         R.ctr[CTR_check_unseen]++;
+        return 1;
+    }
+    /* The other side of "unseen": this copy came first, and the second process's
+     * acknowledgement may have completed the slot before this one's thread looked. */
+    if (rep.status == VMMT_EFAILED && cp->expect == VMMT_OK && (r->raced & cp->ranks) != 0) {
+        R.ctr[CTR_check_raced]++;
         return 1;
     }
     if (rep.status == VMMT_EFAILED && cp->expect == VMMT_OK && group_left_open(cp, r, s)) {

@@ -56,6 +56,11 @@ struct m_rec {
      * 0 when the producer's side did (a release) or no one yet. */
     uint32_t acked_ctx[MT_MAX_RANKS];
     unsigned dropped; /* ranks the engine will not consume it for (acknowledged at quiescence) */
+    /* Ranks a second process consumed or acknowledged before the first one's acknowledgement
+     * showed (a device table, judge's "unseen"): the first acknowledgement written may
+     * complete the slot while the other process's copy is still queued, so every copy of
+     * these ranks may find the slot moved on and check VMMT_EFAILED (seed 9311). */
+    unsigned raced;
     struct m_prog prog[M_PROG];
     int nprog;
 };
