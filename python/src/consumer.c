@@ -33,11 +33,14 @@ static void destroy_now(ConsumerObject *self)
     Py_END_ALLOW_THREADS;
 }
 
-/* Enter a call: the handle to use, NULL (error set) when closed. */
-static vmmt_consumer *enter(ConsumerObject *self)
+/* Enter call `what`: the handle to use, NULL (error set, naming the call) when closed. */
+static vmmt_consumer *enter(ConsumerObject *self, const char *what)
 {
     if (self->consumer == NULL || self->closed) {
-        vmmt__fail(VMMT_ECLOSED, "the consumer is closed");
+        vmmt__fail(VMMT_ECLOSED,
+                   "Consumer.%s: this consumer is closed (Consumer.close ran): make a new "
+                   "vmmt.Consumer",
+                   what);
         vmmtpy_raise(VMMT_ECLOSED);
         return NULL;
     }
@@ -112,7 +115,7 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
         return NULL;
     if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0) return NULL;
     if (vmmt_desc_inspect(&d, &info) != VMMT_OK) return vmmtpy_raise(VMMT_EINVAL);
-    if ((c = enter(self)) == NULL) return NULL;
+    if ((c = enter(self, "consume")) == NULL) return NULL;
     ptr = vmmtpy_cache_take(self->cache, device, stream, info.nbytes);
     Py_BEGIN_ALLOW_THREADS;
     st = ptr != 0 ? VMMT_OK : vmmt_mem_alloc(device, info.nbytes, &ptr);
@@ -150,7 +153,8 @@ static PyObject *consumer_consume_into(ConsumerObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OiKKO&ii", &o, &device, &dst, &size, vmmtpy_stream_conv, &stream,
                           &first, &count))
         return NULL;
-    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL)
+    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0 ||
+        (c = enter(self, "consume")) == NULL)
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_consume(c, &d, device, dst, size, stream, first, count);
@@ -171,7 +175,8 @@ static PyObject *consumer_ack(ConsumerObject *self, PyObject *args)
 
     if (!PyArg_ParseTuple(args, "OiO&ii", &o, &device, vmmtpy_stream_conv, &stream, &first, &count))
         return NULL;
-    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self)) == NULL)
+    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0 ||
+        (c = enter(self, "ack")) == NULL)
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_consumer_ack(c, &d, device, stream, first, count);
@@ -188,7 +193,7 @@ static PyObject *consumer_check(ConsumerObject *self, PyObject *arg)
     vmmt_desc d;
     int st;
 
-    if (vmmtpy_desc_arg(arg, &d) != 0 || (c = enter(self)) == NULL) return NULL;
+    if (vmmtpy_desc_arg(arg, &d) != 0 || (c = enter(self, "check")) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_consumer_check(c, &d);
     Py_END_ALLOW_THREADS;
@@ -204,7 +209,7 @@ static PyObject *consumer_flush(ConsumerObject *self, PyObject *unused)
     int st;
 
     (void)unused;
-    if ((c = enter(self)) == NULL) return NULL;
+    if ((c = enter(self, "flush")) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_consumer_flush(c);
     Py_END_ALLOW_THREADS;
@@ -226,7 +231,7 @@ static PyObject *consumer_evict(ConsumerObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "a pool id is 16 bytes, got %zd", n);
         return NULL;
     }
-    if ((c = enter(self)) == NULL) return NULL;
+    if ((c = enter(self, "evict")) == NULL) return NULL;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_consumer_evict(c, (const uint8_t *)id, device);
     Py_END_ALLOW_THREADS;
@@ -239,7 +244,8 @@ static PyObject *consumer_pool_count(ConsumerObject *self, PyObject *unused)
 {
     (void)unused;
     if (self->consumer == NULL || self->closed) {
-        vmmt__fail(VMMT_ECLOSED, "the consumer is closed");
+        vmmt__fail(VMMT_ECLOSED, "Consumer.pool_count: this consumer is closed (Consumer.close "
+                                 "ran): make a new vmmt.Consumer");
         vmmtpy_raise(VMMT_ECLOSED);
         return NULL;
     }

@@ -49,10 +49,12 @@ static int pool_init(PoolObject *self, PyObject *args, PyObject *kw)
     return 0;
 }
 
-static int check_open(PoolObject *self)
+/* Whether the pool is open for call `what`; else an error naming the call. */
+static int check_open(PoolObject *self, const char *what)
 {
     if (self->pool != NULL && !self->closed) return 0;
-    vmmt__fail(VMMT_ECLOSED, "the pool is closed");
+    vmmt__fail(VMMT_ECLOSED, "Pool.%s: this pool is closed (Pool.close ran): make a new vmmt.Pool",
+               what);
     vmmtpy_raise(VMMT_ECLOSED);
     return -1;
 }
@@ -196,7 +198,8 @@ static PyObject *pool_publish(PoolObject *self, PyObject *args)
     vmmt_buffer *bufs;
 
     if (!PyArg_ParseTuple(args, "OO&", &seq, vmmtpy_stream_conv, &stream)) return NULL;
-    if (check_open(self) != 0 || count_arg(seq, &n) != 0 || prepare(self, n, &k, &bufs) != 0)
+    if (check_open(self, "publish") != 0 || count_arg(seq, &n) != 0 ||
+        prepare(self, n, &k, &bufs) != 0)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *cap = PySequence_GetItem(seq, i);
@@ -277,7 +280,7 @@ static PyObject *pool_publish_raw(PoolObject *self, PyObject *args)
     vmmt_buffer *bufs;
 
     if (!PyArg_ParseTuple(args, "OO&", &seq, vmmtpy_stream_conv, &stream)) return NULL;
-    if (check_open(self) != 0 || count_arg(seq, &n) != 0) return NULL;
+    if (check_open(self, "publish_raw") != 0 || count_arg(seq, &n) != 0) return NULL;
     if ((owners = PyTuple_New(n)) == NULL) return NULL;
     if (prepare(self, n, &k, &bufs) != 0) {
         Py_DECREF(owners);
@@ -344,7 +347,7 @@ static PyObject *pool_publish_tensor(PoolObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OKiiOO&", &owner, &ptr, &code, &bits, &shape, vmmtpy_stream_conv,
                           &stream))
         return NULL;
-    if (check_open(self) != 0 || prepare(self, 1, &k, &bufs) != 0) return NULL;
+    if (check_open(self, "publish_tensor") != 0 || prepare(self, 1, &k, &bufs) != 0) return NULL;
     Py_INCREF(owner);
     k->owners = owner;
     if (raw_fill(&bufs[0], ptr, 0, code, bits, 1, shape, VMMT_LOC_DEVICE) != 0 ||
@@ -366,7 +369,7 @@ static PyObject *pool_cancel(PoolObject *self, PyObject *arg)
     vmmt_desc d;
     int st;
 
-    if (check_open(self) != 0 || vmmtpy_desc_arg(arg, &d) != 0) return NULL;
+    if (check_open(self, "cancel") != 0 || vmmtpy_desc_arg(arg, &d) != 0) return NULL;
     st = vmmt_cancel(self->pool, &d);
     if (st != VMMT_OK) return vmmtpy_raise(st);
     Py_RETURN_NONE;
@@ -380,7 +383,7 @@ static PyObject *pool_reserve(PoolObject *self, PyObject *args)
     vmmt_pool *pool;
     int st;
 
-    if (!PyArg_ParseTuple(args, "O&", vmmtpy_u64_arg, &nbytes) || check_open(self) != 0)
+    if (!PyArg_ParseTuple(args, "O&", vmmtpy_u64_arg, &nbytes) || check_open(self, "reserve") != 0)
         return NULL;
     pool = self->pool;
     Py_BEGIN_ALLOW_THREADS;
@@ -410,7 +413,7 @@ static PyObject *pool_commit(PoolObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "KKiOKiiiOO&", &ptr, &nbytes, &location, &token, &what_nbytes,
                           &code, &bits, &lanes, &shape, vmmtpy_stream_conv, &stream))
         return NULL;
-    if (check_open(self) != 0 || vmmtpy_desc_arg(token, &r.token) != 0) return NULL;
+    if (check_open(self, "commit") != 0 || vmmtpy_desc_arg(token, &r.token) != 0) return NULL;
     r.ptr = ptr;
     r.nbytes = nbytes;
     r.location = location;
@@ -434,7 +437,7 @@ static PyObject *pool_reclaim(PoolObject *self, PyObject *unused)
     int st;
 
     (void)unused;
-    if (check_open(self) != 0) return NULL;
+    if (check_open(self, "reclaim") != 0) return NULL;
     vmmtpy_kept_retire(&self->kept, NULL, 0);
     {
         vmmt_pool *pool = self->pool;
@@ -451,7 +454,7 @@ static PyObject *pool_drain(PoolObject *self, PyObject *args)
     int timeout_ms = 5000, st;
 
     if (!PyArg_ParseTuple(args, "|i", &timeout_ms)) return NULL;
-    if (check_open(self) != 0) return NULL;
+    if (check_open(self, "drain") != 0) return NULL;
     {
         vmmt_pool *pool = self->pool;
         Py_BEGIN_ALLOW_THREADS;
@@ -474,7 +477,7 @@ static PyObject *pool_stats(PoolObject *self, PyObject *unused)
     int st;
 
     (void)unused;
-    if (check_open(self) != 0) return NULL;
+    if (check_open(self, "stats") != 0) return NULL;
     memset(&s, 0, sizeof s);
     st = vmmt_pool_get_stats(self->pool, &s);
     if (st != VMMT_OK) return vmmtpy_raise(st);
@@ -488,7 +491,7 @@ static PyObject *pool_release_rank(PoolObject *self, PyObject *arg)
     vmmt_pool *pool;
 
     if (rank == -1 && PyErr_Occurred()) return NULL;
-    if (check_open(self) != 0) return NULL;
+    if (check_open(self, "release_rank") != 0) return NULL;
     pool = self->pool;
     Py_BEGIN_ALLOW_THREADS;
     st = vmmt_pool_release_rank(pool, rank);

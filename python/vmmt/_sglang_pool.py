@@ -446,7 +446,10 @@ class CudaVmmMemoryPool:
     def _cancel_descriptor(self, desc):
         # Refused by every consumer once cancel returns (vmmt.h); the reclaim
         # frees its slice now rather than at the recycler's next pass, so
-        # sglang's "free once cancelled" holds for the next wrap.
+        # sglang's "free once cancelled" holds for the next wrap. After
+        # shutdown every slice is back already: nothing to cancel.
+        if self._pool is None or self._pool.closed:
+            return
         self._pool.cancel(desc)
         self._pool.reclaim()
         with self._lock:
@@ -464,7 +467,8 @@ class CudaVmmMemoryPool:
 
     def cancel_proxy(self, proxy):
         """Take back the slice of a proxy whose request was never dispatched
-        (idempotent; for a packed proxy, the whole packed slice)."""
+        (idempotent; for a packed proxy, the whole packed slice; after
+        shutdown, nothing: every slice is back)."""
         if isinstance(proxy, CudaVmmPackedTensorTransportProxy):
             proxy._packed_owner.cancel_from_pool(self)
             return

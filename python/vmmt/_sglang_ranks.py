@@ -8,10 +8,23 @@ knows and a proxy does not: the engine says it through a resolver
 (set_rank_resolver), and where sglang is importable its own parallel
 context (sglang.srt.runtime_context.get_parallel) is the default.
 """
+import operator
 import threading
 
 _resolver = None
 _lock = threading.Lock()
+
+
+def _index(name, value):
+    """value as an int: any integer type (NumPy's and torch's too, through
+    __index__, as the binding's ranks= takes them), never a bool; else a
+    ValueError that says an int was wanted and what came."""
+    if not isinstance(value, bool) and hasattr(type(value), "__index__"):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise ValueError("%s must be an int; got %r (%s)" % (name, value, type(value).__name__))
 
 
 class ParallelLayout:
@@ -89,16 +102,15 @@ def resolve(consumer_count, total, consumer_rank=None):
     group's size means this rank's group. Anything else is a ValueError,
     and so is a group that does not fit in `total`.
     """
-    consumer_count = 1 if consumer_count is None else consumer_count
-    if isinstance(consumer_count, bool) or not isinstance(consumer_count, int) or \
-            consumer_count <= 0:
-        raise ValueError("consumer_count must be positive; got %r" % (consumer_count,))
+    consumer_count = 1 if consumer_count is None else _index("consumer_count", consumer_count)
+    if consumer_count <= 0:
+        raise ValueError("consumer_count must be positive; got %d" % consumer_count)
     if consumer_count == total:
         return 0, total
     if consumer_count == 1 and consumer_rank is not None:
-        if isinstance(consumer_rank, bool) or not isinstance(consumer_rank, int) or \
-                not 0 <= consumer_rank < total:
-            raise ValueError("consumer_rank=%r is outside consumer_count=%d"
+        consumer_rank = _index("consumer_rank", consumer_rank)
+        if not 0 <= consumer_rank < total:
+            raise ValueError("consumer_rank=%d is outside consumer_count=%d"
                              % (consumer_rank, total))
         return consumer_rank, 1
     layout = _layout()
@@ -122,9 +134,9 @@ def spans(consumer_count, total, consumer_rank=None, acknowledge_ranks=None):
     `total`), else the one run that `consumer_count` selects (resolve)."""
     if acknowledge_ranks is None:
         return [resolve(consumer_count, total, consumer_rank)]
-    chosen = sorted(set(acknowledge_ranks))
-    if not chosen or len(chosen) != len(list(acknowledge_ranks)) or any(
-            isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < total for r in chosen):
+    given = [_index("each of acknowledge_ranks", r) for r in acknowledge_ranks]
+    chosen = sorted(set(given))
+    if not chosen or len(chosen) != len(given) or any(not 0 <= r < total for r in chosen):
         raise ValueError("acknowledge_ranks=%r: give distinct ranks 0..%d"
                          % (acknowledge_ranks, total - 1))
     runs = []
@@ -135,5 +147,6 @@ def spans(consumer_count, total, consumer_rank=None, acknowledge_ranks=None):
             runs.append([r, 1])
     # The consumer's own rank first: its run is the one the copy acknowledges.
     if consumer_rank is not None:
+        consumer_rank = _index("consumer_rank", consumer_rank)
         runs.sort(key=lambda run: not run[0] <= consumer_rank < run[0] + run[1])
     return [tuple(run) for run in runs]
