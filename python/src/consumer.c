@@ -33,17 +33,22 @@ static void destroy_now(ConsumerObject *self)
     Py_END_ALLOW_THREADS;
 }
 
+/* Whether the consumer is closed; if so, Closed raised naming call `what`. */
+static int raise_if_closed(ConsumerObject *self, const char *what)
+{
+    if (self->consumer != NULL && !self->closed) return 0;
+    vmmt__fail(VMMT_ECLOSED,
+               "Consumer.%s: this consumer is closed (Consumer.close ran): make a new "
+               "vmmt.Consumer",
+               what);
+    vmmtpy_raise(VMMT_ECLOSED);
+    return 1;
+}
+
 /* Enter call `what`: the handle to use, NULL (error set, naming the call) when closed. */
 static vmmt_consumer *enter(ConsumerObject *self, const char *what)
 {
-    if (self->consumer == NULL || self->closed) {
-        vmmt__fail(VMMT_ECLOSED,
-                   "Consumer.%s: this consumer is closed (Consumer.close ran): make a new "
-                   "vmmt.Consumer",
-                   what);
-        vmmtpy_raise(VMMT_ECLOSED);
-        return NULL;
-    }
+    if (raise_if_closed(self, what)) return NULL;
     self->busy++;
     return self->consumer;
 }
@@ -243,12 +248,7 @@ static PyObject *consumer_evict(ConsumerObject *self, PyObject *args)
 static PyObject *consumer_pool_count(ConsumerObject *self, PyObject *unused)
 {
     (void)unused;
-    if (self->consumer == NULL || self->closed) {
-        vmmt__fail(VMMT_ECLOSED, "Consumer.pool_count: this consumer is closed (Consumer.close "
-                                 "ran): make a new vmmt.Consumer");
-        vmmtpy_raise(VMMT_ECLOSED);
-        return NULL;
-    }
+    if (raise_if_closed(self, "pool_count")) return NULL;
     return PyLong_FromLong(vmmt_consumer_pool_count(self->consumer));
 }
 
