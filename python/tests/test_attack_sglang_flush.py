@@ -41,7 +41,8 @@ vmmt.sglang
   rank on one proxy; no thread, fd or driver object left behind.
 
 Findings (the tests named fail with "FINDING:"):
-1. test_finding_rebuild_returns_another_buffers_bytes_after_cancel[single]:
+1. test_finding_rebuild_returns_another_buffers_bytes_after_cancel[single]
+   (fixed 2026-12-07; the cancel now leaves a queued copy its slice):
    cancel_proxy() while a rank's reconstruct copy is queued, then a wrap
    that takes the freed slice: the reconstruct returns the NEW tensor's
    bytes and raises nothing. The raw API's Consumer.check() says
@@ -314,28 +315,32 @@ def test_flush_never_acknowledges_a_queued_copy(no_leaks, kind):
 
 
 @pytest.mark.parametrize("kind", ["device", "host"])
-def test_raw_check_catches_a_cancel_under_a_queued_copy(no_leaks, kind):
-    """The library's own guard for finding 1: a descriptor cancelled while a
-    consume's copy is queued, its slice published into again: check() says
-    ProducerGone (the bytes are another buffer's)."""
-    with _raw_pool(kind) as pool, vmmt.Consumer() as c:
-        d = pool.publish(np.arange(1024, dtype=np.int32))
+def test_raw_cancel_leaves_a_queued_copy_its_slice(no_leaks, kind):
+    """The library's answer to finding 1 (since 2026-12-07): a descriptor
+    cancelled while a consume's copy is queued keeps its slice until that
+    copy is acknowledged, so a publish right after cannot take it, the copy
+    reads its own buffer, and check() passes. (Before, the slice went to the
+    next publish and only check() told: ProducerGone, "left its slot".)"""
+    with _raw_pool(kind, max_slices=1) as pool, vmmt.Consumer() as c:
+        src = np.arange(1024, dtype=np.int32)
+        d = pool.publish(src)
         s = _NBStall()
         try:
             b = c.consume(d, stream=s.handle, ranks=0)
             c.flush()
             pool.cancel(d)
             pool.reclaim()
-            d2 = pool.publish(np.full(1024, 9, np.int32))
+            with pytest.raises(vmmt.PoolFull):
+                pool.publish(np.full(1024, 9, np.int32))
             s.release()
             s.synchronize()
             c.flush()
             got = np.from_dlpack(b).view(np.int32)
-            if d2.slot == d.slot and not np.array_equal(got, np.arange(1024)):
-                with pytest.raises(vmmt.ProducerGone, match="left its slot"):
-                    c.check(d)
+            assert np.array_equal(got, src), "the queued copy read another buffer: %r" % got[:4]
+            c.check(d)
             del got, b
-            pool.cancel(d2)
+            pool.drain(5000)
+            pool.cancel(pool.publish(np.full(1024, 9, np.int32)))
         finally:
             s.close()
 
@@ -1011,20 +1016,16 @@ def _rebuild_while_held(pool, proxy_wire):
     return stall, call
 
 
-@pytest.mark.parametrize("packed", [
-    pytest.param(False, marks=pytest.mark.xfail(strict=True, reason=(
-        "open, the worst kind: vmmt_cancel writes the generation over a shared table's TAKEN "
-        "word, so the slice goes to the next publish under a rank's queued copy; the C API "
-        "reports it through vmmt_consumer_check, which sglang's call sequence never calls "
-        "(tests/model/FINDINGS.md, Open)"))),
-    True], ids=["single", "packed"])
+@pytest.mark.parametrize("packed", [False, True], ids=["single", "packed"])
 def test_finding_rebuild_returns_another_buffers_bytes_after_cancel(clean, packed):
-    """FINDING 1 (the worst kind): a rank's reconstruct copy is queued; the
-    producer cancels the proxy (cancel_proxy), the slice is free at once and
-    the next wrap takes it with another tensor. When the copy runs, the
-    reconstruct returns that other tensor's bytes and raises nothing. The
-    library's check() would say ProducerGone ("left its slot while this
-    process's copy ran"): see test_raw_check_catches_a_cancel_under_a_queued_copy."""
+    """FINDING 1 (the worst kind; fixed 2026-12-07): a rank's reconstruct
+    copy is queued; the producer cancels the proxy (cancel_proxy). Before,
+    the slice was free at once, the next wrap took it with another tensor,
+    and the reconstruct returned that tensor's bytes, raising nothing. Now
+    the cancel leaves the queued copy its slice (docs/descriptor.md,
+    "Acknowledgement words"): the next wrap does not get it, and the rebuild
+    returns its own bytes (or is refused, for a packed member consumed after
+    the cancel)."""
     pool = make_pool(pool="host")
     src = np.arange(1024, dtype=np.int32)
     try:
@@ -1039,6 +1040,7 @@ def test_finding_rebuild_returns_another_buffers_bytes_after_cancel(clean, packe
             pool.cancel_proxy(victim)
             intruder = pool.wrap_tensor(np.full(1024, 9, np.int32))
             reused = intruder.control_offset == victim.control_offset
+            assert packed or not reused, "FINDING: a wrap took a slice under a queued copy"
         finally:
             stall.release()
             assert call.done(DEADLINE), "the rebuild did not finish once released"

@@ -655,7 +655,10 @@ class Pool:
 
     def cancel(self, desc):
         """Take back a descriptor never handed to a consumer (idempotent), or a
-        Reservation never committed (once nothing writes into it any more)."""
+        Reservation never committed (once nothing writes into it any more).
+        Handed out after all: consumers refuse it from now on, and one whose
+        copy was already queued keeps the slice until that copy is done
+        (POSIX pools; vmmt_cancel in vmmt.h)."""
         if isinstance(desc, Reservation):
             desc._finish("cancel")
             self._pool.cancel(desc._token)

@@ -29,6 +29,8 @@ struct request {
     int gone;              /* check_occupant found the occupant gone from its slot */
     int landed;            /* check_occupant found its bytes landed (the ready word held it) */
     uint64_t took[VMMT__MAX_CONSUMERS / 64]; /* ranks whose shared word this call took */
+    /* A forgotten group's words, to give back after its stream (forget_groups_with). */
+    uint32_t back_first, back_count;
 };
 
 static int resolve_ranks(const struct vmmt__desc *d, int first, int count, struct request *rq)
@@ -145,26 +147,75 @@ static void forget(struct request *rq)
 }
 
 /*
+ * Rank r's shared word back from TAKEN (take_words, below), if it still holds
+ * it: a release may have written G meanwhile, and then it stays. One the
+ * producer's cancel found taken (CANCELLED, generation.h) goes to the
+ * cancel, G, which frees the slice.
+ */
+static void give_back_word(const struct request *rq, uint32_t r)
+{
+    uint32_t expect = vmmt__gen_pending(rq->d.generation);
+    uint32_t cancelled = vmmt__ack_cancelled(rq->d.generation);
+    uint32_t *w = rq->pool->ctrl.host + vmmt__ctrl_ack(0, rq->d.slot_stride, rq->d.slot, r) / 4;
+
+    if (!__atomic_compare_exchange_n(w, &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        __atomic_compare_exchange_n(w, &cancelled, rq->d.generation, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+}
+
+static uint32_t *shared_row(const struct request *rq)
+{
+    return rq->pool->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4;
+}
+
+/*
  * Rank r's acknowledgement word holds the occupant while a packed group of it
  * for a range with r is half consumed here: another process of the rank, its
  * release, or the producer's cancel acknowledged it, and the group can never
  * complete here. Forgotten, so that it never keeps the pool from eviction
  * (an outside review: a group half consumed, then cancelled, blocked it for
- * good). Groups of other ranges keep their progress. Consumer lock held.
+ * good). Groups of other ranges keep their progress.
+ *
+ * A shared table's words the group took go back (CANCELLED to the cancel,
+ * TAKEN to "not acknowledged") once the work now on the group's stream, its
+ * members' copies, has completed: prepare hands them to the acker after it
+ * lets go of the consumer's lock (give_back_after). Given back at once, a
+ * cancel freed the slice under those copies (test_cancel_taken). Only a call
+ * on another stream (which the group could not use anyway) gives them back
+ * now. vmmt_consumer_check tells the copies failed where the slot may be
+ * recycled under them: a release wrote the generation into a word, the
+ * words went back at once, or a device table (no words hold the slice).
+ * Ranges of groups never overlap, so at most one group is forgotten here.
+ * Consumer lock held.
  */
 static void forget_groups_with(struct request *rq, uint32_t r)
 {
     struct slot_state *s = &rq->pool->slots[rq->d.slot];
+    const uint32_t *row = rq->pool->host_table ? shared_row(rq) : NULL;
 
     if (s->generation != rq->d.generation) return;
     for (int i = 0; i < PACK_GROUPS; i++) {
         struct pack_group *g = &s->groups[i];
+        int held = row != NULL && g->stream == rq->stream;
         if (g->members == 0 || r < g->first || r >= g->first + g->count) continue;
+        for (uint32_t k = g->first; held && k < g->first + g->count; k++)
+            held = vmmt__ctrl_load(&row[1 + k]) != rq->d.generation;
+        for (uint32_t k = g->first; k < g->first + g->count; k++) {
+            if (row != NULL && g->stream != rq->stream) give_back_word(rq, k);
+            s->ranks_taken[k / 64] &= ~(1ull << (k % 64));
+        }
+        if (row != NULL && g->stream == rq->stream) {
+            rq->back_first = g->first;
+            rq->back_count = g->count;
+            /* Counted as a copy from now on, so that the pool cannot be evicted before. */
+            __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
+        }
         memset(g, 0, sizeof *g);
         rq->pool->open_groups--;
         /* The slot may be recycled now, under copies of members consumed here. */
-        vmmt__consumer_remember_failed(rq->pool->owner, rq->pool, rq->d.slot, rq->d.generation,
-                                       VMMT__FAILED_OVERTAKEN);
+        if (!held)
+            vmmt__consumer_remember_failed(rq->pool->owner, rq->pool, rq->d.slot, rq->d.generation,
+                                           VMMT__FAILED_OVERTAKEN);
     }
 }
 
@@ -229,18 +280,6 @@ static int claim(struct request *rq)
  * acknowledgement write failed: nothing was acknowledged, so the caller may
  * retry. Consumer lock taken here.
  */
-/*
- * Rank r's shared word back from TAKEN (take_words, below), if it still holds
- * it: a release may have written G meanwhile, and then it stays.
- */
-static void give_back_word(const struct request *rq, uint32_t r)
-{
-    uint32_t expect = vmmt__gen_pending(rq->d.generation);
-    uint32_t *w = rq->pool->ctrl.host + vmmt__ctrl_ack(0, rq->d.slot_stride, rq->d.slot, r) / 4;
-
-    __atomic_compare_exchange_n(w, &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-
 static void unclaim(vmmt_consumer *c, const struct request *rq)
 {
     struct slot_state *s = &rq->pool->slots[rq->d.slot];
@@ -383,11 +422,6 @@ static int taken_here(const struct request *rq, uint32_t r)
     return s->generation == rq->d.generation && (s->ranks_taken[r / 64] & (1ull << (r % 64)));
 }
 
-static uint32_t *shared_row(const struct request *rq)
-{
-    return rq->pool->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4;
-}
-
 /* Give back the words this call took (a failure after take_words). */
 static void give_back_words(struct request *rq)
 {
@@ -406,14 +440,18 @@ static int take_words(struct request *rq)
     row = shared_row(rq);
     for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
         uint32_t cur = vmmt__ctrl_load(&row[1 + r]), ready;
-        if (taken_here(rq, r)) continue; /* a later member of a group this process opened */
+        /* A later member of a group this process opened, unless it was cancelled since. */
+        if (taken_here(rq, r) && cur != vmmt__ack_cancelled(gen)) continue;
         for (;;) {
-            if (cur == gen || cur == taken) {
+            if (cur == gen || cur == taken || cur == vmmt__ack_cancelled(gen)) {
                 give_back_words(rq);
+                /* Cancelled since check_occupant looked: a group opened here is over. */
+                if (cur == vmmt__ack_cancelled(gen)) forget_groups_with(rq, r);
                 return vmmt__fail(VMMT_ESTATE,
                                   "descriptor for slot %u generation %u is being consumed or "
                                   "was acknowledged for rank %u by another process of that "
-                                  "rank; nothing was acknowledged",
+                                  "rank, or was cancelled by its producer; nothing was "
+                                  "acknowledged",
                                   rq->d.slot, gen, r);
             }
             ready = vmmt__ctrl_load(&row[0]);
@@ -441,6 +479,8 @@ static void keep_words(struct request *rq)
     for (int i = 0; i < VMMT__MAX_CONSUMERS / 64; i++)
         s->ranks_taken[i] |= rq->took[i];
 }
+
+static void give_back_after(vmmt_consumer *c, struct request *rq);
 
 /* copy: dst and dst_size name the destination; 0 for an acknowledgement alone. */
 static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int first, int count,
@@ -493,6 +533,7 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
         vmmt__log(VMMT_LOG_INFO, "liveness link: %s", vmmt_last_error());
     if (st == VMMT_OK) vmmt__cache_use(c, rq->pool);
     pthread_mutex_unlock(&c->lock);
+    give_back_after(c, rq);
     return st;
 }
 
@@ -538,8 +579,9 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
         *ready = vmmt__ctrl_load(&w[0]);
         for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++) {
             uint32_t v = vmmt__ctrl_load(&w[1 + r]);
-            /* Acknowledged, or taken by another process's consume (take_words). */
-            if (v == rq->d.generation ||
+            /* Acknowledged, cancelled (even under this process's own take), or taken
+             * by another process's consume (take_words). */
+            if (v == rq->d.generation || v == vmmt__ack_cancelled(rq->d.generation) ||
                 (v == vmmt__gen_pending(rq->d.generation) && !taken_here(rq, r)))
                 *acked = r;
         }
@@ -823,6 +865,54 @@ static void ack_done(void *arg, int acked)
         vmmt__consumer_remember_failed(ip->owner, ip, n->slot, n->gen, VMMT__FAILED_COPY);
     free(n);
     __atomic_sub_fetch(&ip->copies, 1, __ATOMIC_RELEASE);
+}
+
+/* A forgotten group's words back (forget_groups_with), once its copies are done: acker. */
+static int give_back_shared(void *arg)
+{
+    const struct ack_note *n = arg;
+    struct request rq = {.pool = n->pool};
+
+    rq.d.slot = n->slot;
+    rq.d.generation = n->gen;
+    rq.d.slot_stride = n->stride;
+    for (uint32_t r = n->first; r < n->first + n->count; r++)
+        give_back_word(&rq, r);
+    return 1;
+}
+
+/*
+ * The words of the group forget_groups_with let go, after the work now on
+ * the call's stream (the group's): the acker gives them back once its event
+ * completes, and keeps the pool mapped until then. Without memory for that,
+ * after a synchronize of the stream. The call's status is kept: it failed
+ * already, and says why. Consumer lock not held (a fallback waits).
+ */
+static void give_back_after(vmmt_consumer *c, struct request *rq)
+{
+    struct ack_note now = {rq->pool,       rq->d.slot,     rq->d.generation,  rq->d.slot_stride,
+                           rq->back_first, rq->back_count, c->cfg.timeout_ms, 0},
+                    *note;
+    struct vmmt__saved_error e;
+
+    if (rq->back_count == 0) return;
+    rq->back_count = 0;
+    vmmt__error_save(&e);
+    note = malloc(sizeof *note);
+    if (note != NULL) {
+        *note = now;
+        /* Every path of the acker gives them back and frees the note, failing or not. */
+        (void)vmmt__acker_defer(c->acker, rq->pool->device, rq->stream, give_back_shared, ack_done,
+                                note);
+    } else {
+        vmmt__log(VMMT_LOG_WARN, "no host memory to track a give-back: synchronizing the stream");
+        if (vmmt__drv()->cuStreamSynchronize(rq->stream) != CUDA_SUCCESS)
+            vmmt__consumer_remember_failed(c, rq->pool, rq->d.slot, rq->d.generation,
+                                           VMMT__FAILED_COPY);
+        (void)give_back_shared(&now);
+        __atomic_sub_fetch(&rq->pool->copies, 1, __ATOMIC_RELEASE);
+    }
+    vmmt__error_restore(&e);
 }
 
 /*

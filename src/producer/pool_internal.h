@@ -48,6 +48,16 @@ struct vmmt__slot {
     uint64_t dead_ranks[VMMT_BROKER_RANK_WORDS];
 };
 
+/*
+ * Handed out and not yet free: in flight, or cancelled while consumer
+ * processes may still hold its acknowledgement words taken (recycle.c).
+ * What releases a rank (release.c) covers both.
+ */
+static inline int vmmt__slot_held(const struct vmmt__slot *s)
+{
+    return s->state == SLOT_IN_FLIGHT || s->state == SLOT_CANCELLED;
+}
+
 /* The pool's counter wrapped since the slot's previous occupant (its generation is not later). */
 static inline int vmmt__slot_wrapped(const struct vmmt__slot *s)
 {

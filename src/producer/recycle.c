@@ -32,7 +32,13 @@ void vmmt__slot_release(struct vmmt_pool *p, uint32_t slot)
     p->free_slots[p->free_count++] = slot;
 }
 
-static int row_done(const struct vmmt_pool *p, uint32_t slot, uint32_t gen, int need_acks)
+/*
+ * Whether slot's occupant gen is done with: its copy landed and every rank
+ * acknowledged it, or, cancelled, no rank's copy taken before the cancel may
+ * still be queued (no word CANCELLED, generation.h; only a shared table has
+ * them). Lock held.
+ */
+static int row_done(const struct vmmt_pool *p, uint32_t slot, uint32_t gen, int cancelled)
 {
     const uint32_t *row = p->table_host + (size_t)slot * (p->stride / 4);
     uint32_t ready = vmmt__ctrl_load(&row[0]);
@@ -40,9 +46,10 @@ static int row_done(const struct vmmt_pool *p, uint32_t slot, uint32_t gen, int 
     /* Retired by an earlier reclaim whose confirmation failed (retire): done. */
     if (ready == vmmt__gen_retired(gen)) return 1;
     if (ready != gen) return 0; /* the producer's copy has not finished */
-    if (!need_acks) return 1;
-    for (int r = 0; r < p->cfg.consumer_count; r++)
-        if (vmmt__ctrl_load(&row[1 + r]) != gen) return 0;
+    for (int r = 0; r < p->cfg.consumer_count; r++) {
+        uint32_t w = vmmt__ctrl_load(&row[1 + r]);
+        if (cancelled ? w == vmmt__ack_cancelled(gen) : w != gen) return 0;
+    }
     return 1;
 }
 
@@ -60,7 +67,7 @@ static uint32_t collect(struct vmmt_pool *p)
     for (uint32_t i = 0; i < p->slots; i++) {
         struct vmmt__slot *s = &p->slot[i];
         if (s->state != SLOT_IN_FLIGHT && s->state != SLOT_CANCELLED) continue;
-        if (!row_done(p, i, s->generation, s->state == SLOT_IN_FLIGHT)) continue;
+        if (!row_done(p, i, s->generation, s->state == SLOT_CANCELLED)) continue;
         p->retiring[n++] = i | (s->state == SLOT_CANCELLED ? RETIRING_CANCELLED : 0);
         s->state = SLOT_RETIRING;
     }
@@ -173,7 +180,7 @@ uint32_t vmmt__pool_sweep_locked(struct vmmt_pool *p)
         struct vmmt__slot *s = &p->slot[i];
         int cancelled = s->state == SLOT_CANCELLED;
         if (s->state != SLOT_IN_FLIGHT && !cancelled) continue;
-        if (!row_done(p, i, s->generation, !cancelled)) continue;
+        if (!row_done(p, i, s->generation, cancelled)) continue;
         __atomic_store_n(p->table_host + vmmt__ctrl_ready(0, p->stride, i) / 4,
                          vmmt__gen_retired(s->generation), __ATOMIC_RELEASE);
         free_retired(p, i, cancelled);
@@ -212,16 +219,28 @@ int vmmt__pool_pending_now(struct vmmt_pool *p, uint32_t slot)
  * ready word; so the descriptor is refused from then on, by every process.
  * (A RETIRED ready word written now would be overwritten by that queued
  * write; before, a cancelled descriptor was consumed with OK until the
- * recycler retired it, tests/unit/test_occupancy.c.) Shared table: CPU
- * stores, lock held.
+ * recycler retired it, tests/unit/test_occupancy.c.) A word TAKEN by a
+ * consume whose copy may still be queued becomes CANCELLED instead
+ * (generation.h): refused just the same, it keeps the slice until that copy
+ * is acknowledged (before, the slice went to the next publish under the
+ * copy, and vmmt.sglang's rebuild returned that buffer,
+ * tests/unit/test_cancel_taken.c). Each word by compare-and-swap, since
+ * consumers take and give back words meanwhile. Shared table: CPU stores,
+ * lock held.
  */
 void vmmt__pool_cancel_acks_locked(struct vmmt_pool *p, uint32_t slot)
 {
     uint32_t gen = p->slot[slot].generation;
 
-    for (int r = 0; r < p->cfg.consumer_count; r++)
-        __atomic_store_n(p->table_host + vmmt__ctrl_ack(0, p->stride, slot, (uint32_t)r) / 4, gen,
-                         __ATOMIC_RELEASE);
+    for (int r = 0; r < p->cfg.consumer_count; r++) {
+        uint32_t *w = p->table_host + vmmt__ctrl_ack(0, p->stride, slot, (uint32_t)r) / 4;
+        uint32_t cur = vmmt__ctrl_load(w), want;
+        do {
+            if (cur == gen || cur == vmmt__ack_cancelled(gen)) break;
+            want = cur == vmmt__gen_pending(gen) ? vmmt__ack_cancelled(gen) : gen;
+        } while (
+            !__atomic_compare_exchange_n(w, &cur, want, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    }
 }
 
 int vmmt__pool_cancel_acks_now(struct vmmt_pool *p, uint32_t slot, uint32_t gen)

@@ -95,7 +95,7 @@ void vmmt__pool_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_RANK_WOR
         any |= todo[w] != 0;
     for (uint32_t i = 0; any && i < p->slots; i++) {
         struct vmmt__slot *s = &p->slot[i];
-        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (!vmmt__slot_held(s)) continue;
         if (s->dead_gen != s->generation) {
             s->dead_gen = s->generation;
             memset(s->dead_ranks, 0, sizeof s->dead_ranks);
@@ -148,13 +148,17 @@ void vmmt__pool_shared_ranks_dead(void *pool, const uint64_t ranks[VMMT_BROKER_R
     pthread_mutex_lock(&p->lock);
     for (uint32_t i = 0; i < p->slots; i++) {
         const struct vmmt__slot *s = &p->slot[i];
-        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (!vmmt__slot_held(s)) continue;
         for (uint32_t r = 0; r < (uint32_t)p->cfg.consumer_count; r++) {
             uint32_t *w = &p->table_host[vmmt__ctrl_ack(0, p->stride, i, r) / 4];
             uint32_t taken = vmmt__gen_pending(s->generation);
+            uint32_t cancelled = vmmt__ack_cancelled(s->generation);
             if (!has_rank(ranks, r)) continue;
+            /* A word cancelled while taken goes to the cancel: the taker's copy cannot run. */
             given +=
-                __atomic_compare_exchange_n(w, &taken, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+                __atomic_compare_exchange_n(w, &taken, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) ||
+                __atomic_compare_exchange_n(w, &cancelled, s->generation, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE);
         }
     }
     pthread_mutex_unlock(&p->lock);
@@ -180,7 +184,7 @@ static int slot_ranks(struct vmmt_pool *p, uint32_t i, const uint64_t ranks[], i
 
     for (int w = 0; w < VMMT_BROKER_RANK_WORDS; w++) {
         out[w] = 0;
-        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (!vmmt__slot_held(s)) continue;
         if (!noted)
             out[w] = ranks[w];
         else if (s->dead_gen == s->generation)
@@ -326,7 +330,7 @@ void vmmt__pool_lease_check(struct vmmt_pool *p)
     for (uint32_t i = 0; i < p->slots && p->lease_gen != NULL; i++) {
         const struct vmmt__slot *s = &p->slot[i];
         const uint32_t *row = p->table_host + (size_t)i * (p->stride / 4);
-        if (s->state != SLOT_IN_FLIGHT) continue;
+        if (!vmmt__slot_held(s)) continue;
         if (p->lease_gen[i] != s->generation) {
             p->lease_gen[i] = s->generation;
             p->lease_since_ms[i] = now;

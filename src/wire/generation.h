@@ -63,6 +63,24 @@ static inline uint32_t vmmt__gen_abandoned(uint32_t g)
     return g + 2;
 }
 
+/*
+ * A shared table's acknowledgement word of occupant G holds, besides a
+ * predecessor's value (or 0, "not acknowledged"):
+ *
+ *     G - 1   TAKEN      a process of the rank is consuming G (its copy may be queued)
+ *     G       ACKED      the rank is done with G (acknowledged, released, or cancelled)
+ *     G + 1   CANCELLED  G was cancelled while TAKEN: the taker's copy may still be
+ *                        queued, so the slice stays until the taker (or a release of
+ *                        the rank, or its death) turns the word into G
+ *
+ * Every take refuses a word at CANCELLED, the taker's own later packed
+ * members included. A device table's words are only ever a predecessor's or G.
+ */
+static inline uint32_t vmmt__ack_cancelled(uint32_t g)
+{
+    return g + 1;
+}
+
 enum vmmt__occupant {
     VMMT__OCC_READY,     /* LIVE: the named occupant is there, its bytes landed */
     VMMT__OCC_COPYING,   /* PENDING: the named occupant's copy may still run */

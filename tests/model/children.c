@@ -370,8 +370,9 @@ int mt_producer_main(void)
 struct cons {
     vmmt_consumer *c;
     const struct vmmt_drv *d;
-    CUstream a, b; /* immediate consumes; deferred ones */
-    CUdeviceptr dst, ddst[MT_MAX_DEFER];
+    CUstream a, b, gs; /* immediate consumes; deferred ones; the gate's opener */
+    CUdeviceptr dst, ddst[MT_MAX_DEFER], gate;
+    int gated;
     int dused[MT_MAX_DEFER];
     uint64_t duid[MT_MAX_DEFER], dn[MT_MAX_DEFER];
     int dflags[MT_MAX_DEFER];
@@ -476,6 +477,37 @@ static void c_verify(struct cons *k, const struct mt_cmd *c, struct mt_reply *r)
     k->dused[id] = 0;
 }
 
+/*
+ * The deferred stream held behind a word of this process's own (not the
+ * pool's: nothing the library reads), so that its consumes' copies stay
+ * queued while the driver cancels what they took (op_cancel_taken).
+ */
+static void c_gate_close(struct cons *k, struct mt_reply *r)
+{
+    r->status = VMMT_OK;
+    if (k->gated) return;
+    /* The word is 0 before the wait is queued: an opener's 1 must not be overwritten by a
+     * zeroing still queued on the stream, which would hold it for ever. */
+    if (k->d->cuMemsetD8Async(k->gate, 0, 4, k->b) != CUDA_SUCCESS ||
+        k->d->cuStreamSynchronize(k->b) != CUDA_SUCCESS ||
+        k->d->cuStreamWaitValue32(k->b, k->gate, 1, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+        die("consumer", "gate");
+    k->gated = 1;
+}
+
+static void c_gate_open(struct cons *k, struct mt_reply *r)
+{
+    r->status = VMMT_OK;
+    if (!k->gated) return;
+    if (k->d->cuStreamWriteValue32(k->gs, k->gate, 1, CU_STREAM_WRITE_VALUE_DEFAULT) !=
+            CUDA_SUCCESS ||
+        k->d->cuStreamSynchronize(k->gs) != CUDA_SUCCESS) {
+        r->status = VMMT_ECUDA;
+        snprintf(r->msg, sizeof r->msg, "the consumer's gate did not open");
+    }
+    k->gated = 0;
+}
+
 static void c_evict(struct cons *k, const struct mt_cmd *c, struct mt_reply *r)
 {
     double until = now_ms() + c->timeout_ms;
@@ -493,6 +525,9 @@ static void c_evict(struct cons *k, const struct mt_cmd *c, struct mt_reply *r)
 
 static void c_end(struct cons *k, struct mt_reply *r)
 {
+    struct mt_reply ignored;
+
+    c_gate_open(k, &ignored);
     sync_or_renew(k, &k->a);
     sync_or_renew(k, &k->b);
     vmmt_consumer_destroy(k->c);
@@ -515,6 +550,8 @@ int mt_consumer_main(int timeout_ms, uint64_t unit)
     k.unit = unit;
     if (k.d->cuStreamCreate(&k.a, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
         k.d->cuStreamCreate(&k.b, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+        k.d->cuStreamCreate(&k.gs, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+        k.d->cuMemAlloc(&k.gate, 4096) != CUDA_SUCCESS ||
         k.d->cuMemAlloc(&k.dst, unit) != CUDA_SUCCESS || (k.host = malloc(unit)) == NULL)
         die("consumer", "setup");
     for (int i = 0; i < MT_MAX_DEFER; i++)
@@ -538,6 +575,8 @@ int mt_consumer_main(int timeout_ms, uint64_t unit)
         case C_VERIFY: c_verify(&k, &c, &r); break;
         case C_CHECK: note(&r, vmmt_consumer_check(k.c, &c.desc)); break;
         case C_FLUSH: note(&r, vmmt_consumer_flush(k.c)); break;
+        case C_GATE_CLOSE: c_gate_close(&k, &r); break;
+        case C_GATE_OPEN: c_gate_open(&k, &r); break;
         case C_EVICT: c_evict(&k, &c, &r); break;
         case C_END:
             c_end(&k, &r);

@@ -73,6 +73,10 @@ static const char *const kind_names[K_COUNT] = {"host_table", "device_table", "s
     X(res_cancel, "reservations cancelled", 1)                                                     \
     X(cancel, "cancels", 1)                                                                        \
     X(cancel_replay, "cancels of descriptors no longer live", 1)                                   \
+    X(cancel_taken, "cancels of descriptors a consumer's gated copy had taken", 1)                 \
+    X(cancel_taken_held, "of those, the pool full until the copy was acknowledged", 8)             \
+    X(cancel_taken_half, "of those, half groups refused their next member", 1)                     \
+    X(check_cancel_failed, "checks VMMT_EFAILED of a copy whose slice the cancel freed", 0)        \
     X(consume_ok, "consumes OK, bytes checked", 1)                                                 \
     X(ack_ok, "acknowledgements without consume OK", 1)                                            \
     X(packed_done, "packed groups completed by their last member", 1)                              \
@@ -125,7 +129,8 @@ static const char *const ctr_text[] = {
 };
 /* 0: informative; 1: every kind; 2: kinds whose producer death mid-copy is seen (gated kills);
  * 3: kinds with a broker (POSIX_FD); 4: kinds that hand off stream-ordered; 5: elastic;
- * 6: device pools (a host pool copies with the CPU); 7: device pools with gates (4 and 6). */
+ * 6: device pools (a host pool copies with the CPU); 7: device pools with gates (4 and 6);
+ * 8: kinds with a shared host table. */
 static const int ctr_req[] = {
 #define X(name, text, req) req,
     COUNTERS(X)
@@ -530,7 +535,8 @@ static int live_list(int *out, int need_landed)
     int n = 0;
     for (uint32_t s = 0; s < in->slots; s++) {
         int i = in->slot_rec[s];
-        if (i >= 0 && (!need_landed || m_rec(&M, i)->landed)) out[n++] = i;
+        if (i >= 0 && m_rec(&M, i)->state == M_LIVE && (!need_landed || m_rec(&M, i)->landed))
+            out[n++] = i;
     }
     for (int a = 1; a < n; a++)
         for (int b = a; b > 0 && out[b - 1] > out[b]; b--) {
@@ -672,7 +678,8 @@ static int real_call(int s, int rec, int member, unsigned Rm, int ack, int flags
     if (m_conflicts(&M, rec, Rm, s)) fatal("driver: a call the model cannot judge");
     cmd_init(&c, ack ? C_ACK : C_CONSUME);
     mask_to_range(Rm, m_all(in), &c.first, &c.count);
-    c.flags = flags | MT_F_POISON;
+    /* A deferred refusal's destination is not read back: its stream may be held by a gate. */
+    c.flags = flags | ((flags & MT_F_DEFER) ? 0 : MT_F_POISON);
     c.uid[0] = r->uid[member];
     c.nbytes[0] = r->nbytes[member];
     c.desc = r->desc[member];
@@ -1021,7 +1028,7 @@ static int op_cancel(void)
     if (rep.status != VMMT_OK)
         finding("cancel of a live descriptor never handed out answered %s: %s", st_name(rep.status),
                 rep.msg);
-    m_cancel(&M, rec);
+    m_cancel(&M, rec, 0);
     say("cancel rec %d (slot %u gen %u)", rec, r->slot, r->gen);
     R.ctr[CTR_cancel]++;
     return 1;
@@ -1688,6 +1695,130 @@ static int op_gated(int kill_producer)
     return 1;
 }
 
+/* Open or close seat s's own gate on its deferred stream. */
+static void seat_gate(int s, int open)
+{
+    struct mt_cmd c;
+    cmd_init(&c, open ? C_GATE_OPEN : C_GATE_CLOSE);
+    call(&R.cons[s], &c);
+    if (rep.status != VMMT_OK) finding("consumer %d's gate: %s", s, rep.msg);
+}
+
+/*
+ * A cancel of a descriptor that consumer seat s has taken for one rank, its
+ * copies queued behind a gate of the seat's own (docs/descriptor.md,
+ * "Acknowledgement words"). On a shared table the slice stays the taker's
+ * until its copies are acknowledged and a half group learns of the cancel
+ * (its next member is refused): the pool is full meanwhile if it was full,
+ * and the copies read their own bytes, checked OK. That refusal on another
+ * stream than the group's gives the words back at once, and a device table
+ * frees the slice once the publish landed: a copy that then read another
+ * buffer's bytes must check VMMT_EFAILED, one that checks OK must hold its
+ * own. (Before 2026-12-07 a shared table's cancel freed the slice under the
+ * copy, and vmmt.sglang's rebuild returned the next buffer.)
+ */
+static int op_cancel_taken(void)
+{
+    int members = below(2) == 0 ? 2 + (int)below(MT_MAX_MEMBERS - 1) : 1;
+    int cand[MT_MAX_SEATS], n = 0, s, rank, rec, upto, took = 0, half, held, late, strict;
+    int other_stream = 0;
+    struct m_rec *r;
+    struct mt_cmd c;
+
+    if (!m_room(&M) || skipped("cancel_taken")) return 0;
+    for (int k = 0; k < R.nseats; k++)
+        if (M.seat[k].alive && (M.seat[k].role & m_all(cur())) && !M.seat[k].deferred)
+            cand[n++] = k;
+    if (n == 0) return 0;
+    s = cand[below((uint64_t)n)];
+    rec = do_publish(members, 0);
+    if (rec < 0) return 1;
+    r = m_rec(&M, rec);
+    do
+        rank = (int)below((uint64_t)cur()->ranks);
+    while (!(M.seat[s].role & (1u << rank)));
+    seat_gate(s, 0);
+    m_pin(&M, rec, 1);
+    R.ndef = 0;
+    upto = members == 1 ? 1 : 1 + (int)below((uint64_t)members);
+    for (int m = 0; m < upto; m++) {
+        if (real_call(s, rec, m, 1u << rank, 0, MT_F_DEFER, "consume behind the seat's gate") !=
+            VMMT_OK)
+            break;
+        R.def[R.ndef++] = (struct deferred){s, rep.id, rec, m};
+        M.seat[s].deferred++;
+        took++;
+    }
+    half = members > 1 && took > 0 && took < members;
+    held = cur()->shared_table && took > 0;
+    strict = held;
+    cmd_init(&c, P_CANCEL);
+    c.desc = r->desc[below((uint64_t)members)];
+    prod_call(&c);
+    if (rep.status != VMMT_OK)
+        finding("cancel of a descriptor whose copy is queued answered %s: %s", st_name(rep.status),
+                rep.msg);
+    m_cancel(&M, rec, held);
+    say("cancel rec %d (slot %u gen %u), taken by consumer %d for rank %d (%d of %d member(s))%s",
+        rec, r->slot, r->gen, s, rank, took, members, held ? ": held" : "");
+    R.ctr[CTR_cancel_taken]++;
+    late = half && below(2) == 0;
+    if (half && !late) {
+        other_stream = below(3) == 0;
+        real_call(s, rec, took, 1u << rank, 0, other_stream ? 0 : MT_F_DEFER,
+                  "a member after its group's cancel");
+        R.ctr[CTR_cancel_taken_half]++;
+        if (other_stream && held) {
+            m_let_go(&M, rec); /* given back at once: the copies are told failed */
+            held = strict = 0;
+        }
+    }
+    if (held && cur()->capacity - cur()->occupied <= 6) {
+        while (m_room(&M) && do_publish(1, 0) >= 0)
+            ;
+        if (do_publish(1, 0) < 0) R.ctr[CTR_cancel_taken_held]++;
+    } else if (!held && m_room(&M) && below(2) == 0) {
+        do_publish(1, 0); /* may take the freed slice under the queued copy */
+    }
+    seat_gate(s, 1);
+    for (int i = 0; i < R.ndef; i++) {
+        struct deferred *dd = &R.def[i];
+        int own;
+        cmd_init(&c, C_VERIFY);
+        c.id = dd->id;
+        call(&R.cons[dd->seat], &c);
+        M.seat[dd->seat].deferred--;
+        own = rep.verified && rep.first_bad == rep.nbytes && rep.found_uid == r->uid[dd->member];
+        if (!rep.stream_ok)
+            finding("consumer %d's stream failed after its gate opened: %s", dd->seat, rep.msg);
+        if (strict && (!own || rep.status2 != VMMT_OK))
+            finding("a copy queued when its descriptor was cancelled, on a shared table, %s and "
+                    "vmmt_consumer_check says %s (the slice must stay the copy's): %s",
+                    own ? "holds its bytes" : "holds another buffer's bytes", st_name(rep.status2),
+                    rep.msg);
+        if (!strict && rep.status2 == VMMT_OK && !own)
+            finding("a copy whose descriptor was cancelled under it read another buffer's bytes "
+                    "(uid %" PRIx64 ") and vmmt_consumer_check says OK",
+                    rep.found_uid);
+        if (!strict && rep.status2 != VMMT_OK && rep.status2 != VMMT_EFAILED)
+            finding("vmmt_consumer_check of a copy cancelled under it says %s",
+                    st_name(rep.status2));
+        if (rep.status2 == VMMT_EFAILED) R.ctr[CTR_check_cancel_failed]++;
+        if (rep.status2 == VMMT_OK) R.ctr[CTR_check_ok]++;
+        add_copy(dd->seat, rec, dd->member, rep.status2 == VMMT_OK ? VMMT_OK : VMMT_EFAILED,
+                 1u << rank);
+    }
+    R.ndef = 0;
+    m_pin(&M, rec, 0);
+    if (late) {
+        real_call(s, rec, took, 1u << rank, 0, below(2) ? MT_F_DEFER : 0,
+                  "a member after its group's cancel, its copies done");
+        R.ctr[CTR_cancel_taken_half]++;
+    }
+    if (held) m_let_go(&M, rec);
+    return 1;
+}
+
 /* ---------------------------------------------------------------- quiescence */
 
 /* Acknowledge rank `rank` of rec through seat s, member by member, for ranks Rm. */
@@ -2047,7 +2178,7 @@ static const struct op normal_ops[] = {
     {op_token, 1},        {op_bad_ranks, 1},     {op_check, 2},   {op_evict, 2},
     {op_evict_old, 1},    {op_kill_consumer, 1}, {op_release, 1}, {op_reclaim, 1},
     {op_stats, 2},        {op_gated_open, 2},    {op_quiesce, 2}, {op_chunk_cycle, 1},
-    {op_flush, 2},
+    {op_flush, 2},        {op_cancel_taken, 2},
 };
 
 static const struct op after_ops[] = {
@@ -2118,7 +2249,7 @@ static void one_pool(void)
 static int check_counters(void)
 {
     int failed = 0, any_gate_kill = 0, any_broker = 0, any_stream = 0, any_elastic = 0;
-    int any_device = 0, any_device_gate = 0;
+    int any_device = 0, any_device_gate = 0, any_shared = 0;
     for (int k = 0; k < K_COUNT; k++) {
         if (!R.kinds_run[k]) continue;
         any_gate_kill |= k != K_SYNC && k != K_FABRIC;
@@ -2127,12 +2258,13 @@ static int check_counters(void)
         any_elastic |= k == K_ELASTIC;
         any_device |= k != K_HOST;
         any_device_gate |= k != K_HOST && k != K_SYNC && k != K_FABRIC;
+        any_shared |= k == K_HOST_TABLE || k == K_HOST || k == K_ELASTIC;
     }
     for (int i = 0; i < CTR_COUNT; i++) {
         int need = ctr_req[i] == 1 || (ctr_req[i] == 2 && any_gate_kill) ||
                    (ctr_req[i] == 3 && any_broker) || (ctr_req[i] == 4 && any_stream) ||
                    (ctr_req[i] == 5 && any_elastic) || (ctr_req[i] == 6 && any_device) ||
-                   (ctr_req[i] == 7 && any_device_gate);
+                   (ctr_req[i] == 7 && any_device_gate) || (ctr_req[i] == 8 && any_shared);
         if (need && R.ctr[i] == 0) {
             fprintf(stderr, "model_test: path never taken: %s (run longer, or another seed)\n",
                     ctr_text[i]);
@@ -2194,7 +2326,7 @@ int main(int argc, char **argv)
                     "[--keep-going] [--one-ahead N] [--verbose]\n  ops to skip: publish packed "
                     "reserve cancel consume drop "
                     "replay forge one_ahead check flush evict kill_consumer auto_release release "
-                    "gate gate_kill\n",
+                    "gate gate_kill cancel_taken\n",
                     argv[0]);
             return 2;
         }

@@ -161,7 +161,8 @@ int m_publish(struct model *m, int members, const uint64_t *uid, const uint64_t 
 static void maybe_done(struct model *m, struct m_rec *r)
 {
     struct m_inst *in = &m->inst[r->inst];
-    if (r->state != M_LIVE || !r->landed || (r->acked & m_all(in)) != m_all(in)) return;
+    if (r->state != M_LIVE || !r->landed || r->pinned || (r->acked & m_all(in)) != m_all(in))
+        return;
     r->state = M_DONE;
     if (in->slot_rec[r->slot] >= 0 && m_rec(m, in->slot_rec[r->slot]) == r) vacate(in, r->slot);
 }
@@ -173,13 +174,29 @@ void m_landed(struct model *m, int rec)
     maybe_done(m, r);
 }
 
-void m_cancel(struct model *m, int rec)
+void m_cancel(struct model *m, int rec, int held)
 {
     struct m_rec *r = m_rec(m, rec);
     struct m_inst *in = &m->inst[r->inst];
     if (r->state != M_LIVE) return;
     r->state = M_CANCELLED;
-    vacate(in, r->slot);
+    if (!held) vacate(in, r->slot);
+}
+
+void m_pin(struct model *m, int rec, int pinned)
+{
+    struct m_rec *r = m_rec(m, rec);
+    r->pinned = pinned;
+    maybe_done(m, r);
+}
+
+void m_let_go(struct model *m, int rec)
+{
+    struct m_rec *r = m_rec(m, rec);
+    struct m_inst *in = &m->inst[r->inst];
+    if (r->state == M_CANCELLED && in->slot_rec[r->slot] >= 0 &&
+        m_rec(m, in->slot_rec[r->slot]) == r)
+        vacate(in, r->slot);
 }
 
 void m_res_open(struct model *m, int id, const vmmt_desc *token)

@@ -61,6 +61,10 @@ struct m_rec {
      * complete the slot while the other process's copy is still queued, so every copy of
      * these ranks may find the slot moved on and check VMMT_EFAILED (seed 9311). */
     unsigned raced;
+    /* Copies of it are queued behind a consumer's own gate (the driver's op_cancel_taken):
+     * their acknowledgements, written once they complete, are not in the table yet, so
+     * the slice is held even where every rank has consumed it. */
+    int pinned;
     struct m_prog prog[M_PROG];
     int nprog;
 };
@@ -149,7 +153,15 @@ const char *m_slot_check(struct model *m, uint32_t slot, uint32_t gen);
 int m_publish(struct model *m, int members, const uint64_t *uid, const uint64_t *nbytes,
               const vmmt_desc *desc, int landed);
 void m_landed(struct model *m, int rec);
-void m_cancel(struct model *m, int rec);
+/*
+ * Cancelled. held: a consumer process's copies taken before the cancel may
+ * still be queued (a shared table: their words became CANCELLED,
+ * docs/descriptor.md), so the slice stays occupied until m_let_go.
+ */
+void m_cancel(struct model *m, int rec, int held);
+void m_let_go(struct model *m, int rec);
+/* Copies of rec queued behind a consumer's gate (pinned 1), or done (0). */
+void m_pin(struct model *m, int rec, int pinned);
 void m_res_open(struct model *m, int id, const vmmt_desc *token);
 int m_res_commit(struct model *m, int id, uint64_t uid, uint64_t nbytes, const vmmt_desc *desc);
 void m_res_cancel(struct model *m, int id);

@@ -45,7 +45,9 @@ enum mt_op {
     C_CHECK,   /* desc: vmmt_consumer_check */
     C_EVICT,   /* desc names the pool; flags MT_F_RETRY */
     C_END,
-    C_FLUSH, /* vmmt_consumer_flush */
+    C_FLUSH,      /* vmmt_consumer_flush */
+    C_GATE_CLOSE, /* hold the deferred stream behind a gate of the consumer's own */
+    C_GATE_OPEN,  /* let it run */
 };
 
 /* Command flags. */

@@ -489,6 +489,20 @@ static void take_back(struct fixture *f, enum take_back how, const vmmt_desc *d,
         assert_vmmt_ok(vmmt_pool_release_rank(f->pool, rank));
 }
 
+/* The next pair (patterns 5 and 6) is served to a consumer of its own with its own bytes. */
+static void next_pair_served(struct fixture *f, const vmmt_desc next[2])
+{
+    vmmt_consumer *c2;
+
+    assert_vmmt_ok(vmmt_consumer_create(NULL, &c2));
+    assert_vmmt_ok(consume_at(c2, &next[0], f->dst + MiB, f->stream, 0, 1));
+    assert_vmmt_ok(consume_at(c2, &next[1], f->dst + MiB + N, f->stream, 0, 1));
+    sync_s(f->stream);
+    assert_true(holds(f->stream, f->dst + MiB, 5) && holds(f->stream, f->dst + MiB + N, 6));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    vmmt_consumer_destroy(c2);
+}
+
 /*
  * docs/design.md, "The one case not covered", for a packed group: consumer
  * A copies member 0 of a pair behind a gate (its rank's word TAKEN by the
@@ -525,15 +539,7 @@ static void packed_taken_back(struct fixture *f, enum take_back how)
     st0 = vmmt_consumer_check(f->consumer, &g[0]);
     sleep_ms(50);
     st_later = vmmt_consumer_check(f->consumer, &g[0]);
-    /* The next pair is served to its consumer with its own bytes. */
-    vmmt_consumer *c2;
-    assert_vmmt_ok(vmmt_consumer_create(NULL, &c2));
-    assert_vmmt_ok(consume_at(c2, &next[0], f->dst + MiB, f->stream, 0, 1));
-    assert_vmmt_ok(consume_at(c2, &next[1], f->dst + MiB + N, f->stream, 0, 1));
-    sync_s(f->stream);
-    assert_true(holds(f->stream, f->dst + MiB, 5) && holds(f->stream, f->dst + MiB + N, 6));
-    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
-    vmmt_consumer_destroy(c2);
+    next_pair_served(f, next);
     free_stream(s);
     PROMISE(st1 == VMMT_ESTATE, "member 1 of a taken-back group consumed: %d", st1);
     PROMISE(got == 1 || (st0 == VMMT_EFAILED && st_later == VMMT_EFAILED),
@@ -543,9 +549,47 @@ static void packed_taken_back(struct fixture *f, enum take_back how)
             how_name(how), got, st0, st_later);
 }
 
+/*
+ * The cancel's side, since 2026-12-07: the group's TAKEN word becomes
+ * CANCELLED (docs/descriptor.md, "Acknowledgement words"), so the slot
+ * stays A's until A learns of the cancel (member 1 refused) and its queued
+ * copy is done; member 0 then holds its own bytes and check says OK, and
+ * the next pair lands in the same slice only after that.
+ */
 static void test_packed_cancel_under_queued_copy_check(void **state)
 {
-    packed_taken_back(*state, BY_CANCEL);
+    struct fixture *f = *state;
+    CUstream s = new_stream();
+    struct gate gt;
+    vmmt_desc g[2], next[2];
+    int st0, st1, st_later, got, held;
+
+    make_pool(f, 1, 0, 1, 0);
+    publish_group(f, 1, 2, g);
+    gate_close(&gt, s);
+    assert_vmmt_ok(consume_at(f->consumer, &g[0], f->dst, s, 0, 1));
+    take_back(f, BY_CANCEL, &g[0], 0);
+    held = vmmt_pool_drain(f->pool, 50) == VMMT_ETIMEDOUT;
+    st1 = consume_at(f->consumer, &g[1], f->dst + N, s, 0, 1);
+    gate_open_later(&gt, 0);
+    gate_free(&gt);
+    sync_s(s);
+    got = which(s, f->dst);
+    st0 = vmmt_consumer_check(f->consumer, &g[0]);
+    sleep_ms(50);
+    st_later = vmmt_consumer_check(f->consumer, &g[0]);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    publish_group(f, 5, 2, next);
+    assert_int_equal(tu_get64(&next[0], OFF_OFFSET), tu_get64(&g[0], OFF_OFFSET));
+    next_pair_served(f, next);
+    free_stream(s);
+    PROMISE(held, "vmmt_cancel freed a packed group's slice under a queued copy");
+    PROMISE(st1 == VMMT_ESTATE, "member 1 of a cancelled group consumed: %d", st1);
+    PROMISE(got == 1 && st0 == VMMT_OK && st_later == VMMT_OK,
+            "vmmt_cancel of a packed group whose member 0's copy was queued: dst holds buffer "
+            "%d's bytes, vmmt_consumer_check of member 0 says %d and %d 50 ms later (0 is "
+            "VMMT_OK)",
+            got, st0, st_later);
 }
 
 static void test_packed_release_under_queued_copy_check(void **state)
