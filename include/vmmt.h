@@ -476,11 +476,14 @@ static inline int vmmt_publish(vmmt_pool *pool, const vmmt_buffer *buf, void *st
  * out by mistake; its slice is free once the publish's copy has landed.
  * Handed out after all, with a shared control table (POSIX_FD pools): a
  * consumer whose copy of it was already queued keeps the slice until that
- * copy is acknowledged (a packed group half consumed: until its next member
- * is refused, or the rank is released), so the copy reads the buffer's own
- * bytes. A device control table (FABRIC, device_control_table) has no such
- * hold: the slice is freed under the copy, and vmmt_consumer_check tells
- * it VMMT_EFAILED. VMMT_EPROTO for a descriptor altered after vmmt_publish
+ * copy is acknowledged, so the copy reads the buffer's own bytes. A packed
+ * group half consumed keeps it until a later member is refused on the
+ * group's stream (given back once the copies queued there are done) or the
+ * rank is released; refused on another stream, the group gives it back at
+ * once and vmmt_consumer_check says VMMT_EFAILED for its members' copies.
+ * A device control table (FABRIC, device_control_table) has no such hold:
+ * the slice is freed under the copy, and vmmt_consumer_check tells it
+ * VMMT_EFAILED. VMMT_EPROTO for a descriptor altered after vmmt_publish
  * returned it (its seal fails) or from another pool.
  */
 VMMT_API int vmmt_cancel(vmmt_pool *pool, const vmmt_desc *desc);
