@@ -50,7 +50,8 @@ Findings (the tests named fail with "FINDING:"):
    a_queued_copy holds); the proxy never asks it. ([packed] holds: a packed
    rebuild's later member is consumed only after the first member's copy,
    so the cancel lands between them and the rebuild is refused, Stale.)
-2. test_finding_recycle_waits_for_another_threads_stalled_rebuild:
+2. test_finding_recycle_waits_for_another_threads_stalled_rebuild (fixed
+   2026-12-07):
    _recycle_chunks() (of any pool, even one the rebuild does not touch),
    acknowledge_consumption() of an unrelated proxy and
    _imported_pool_cache_clear() block for as long as another thread's
@@ -1061,9 +1062,9 @@ def test_finding_rebuild_returns_another_buffers_bytes_after_cancel(clean, packe
                                 got[:4].tolist(), src[:4].tolist()))
 
 
-@pytest.mark.xfail(strict=True, reason="open: the proxy module's one lock is held across a rebuild's consume")
 def test_finding_recycle_waits_for_another_threads_stalled_rebuild(clean):
-    """FINDING 2: while one thread's reconstruct waits for its stream (here
+    """FINDING 2 (fixed 2026-12-07: a rebuild holds its own proxy's lock, not
+    the module's): while one thread's reconstruct waits for its stream (here
     held back; on a GPU, a stream busy with other work), _recycle_chunks of
     ANY pool, acknowledge_consumption of an unrelated proxy (no copy at all)
     and _imported_pool_cache_clear wait for it. Consumer.flush itself never

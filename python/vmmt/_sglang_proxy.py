@@ -49,10 +49,25 @@ def _proxy_base():
 
 _Base = _proxy_base()
 
-# One lock for every proxy of the process: a consume and the flags it sets
-# happen together, as in sglang (whose consumers also share one lock).
+# The process's consumer, made on first use, is guarded by this lock, held
+# only briefly. A rebuild holds its own proxy's lock instead (_own_lock), so
+# that a consume and the flags it sets happen together for that proxy while
+# other threads' rebuilds, acknowledgements and recycling go on: with one
+# lock for every proxy (as sglang has), another thread's _recycle_chunks of
+# any pool waited for a rebuild that waited for its stream
+# (test_attack_sglang_flush, finding 2).
 _lock = threading.RLock()
 _consumer_obj = None
+
+
+def _own_lock(obj):
+    """obj's rebuild lock (a packed member uses its owner's), made on first
+    use: proxies are also made by __new__ and unpickled, and none pickles it."""
+    lock = obj.__dict__.get("_rebuild_lock")
+    if lock is None:
+        with _lock:
+            lock = obj.__dict__.setdefault("_rebuild_lock", threading.RLock())
+    return lock
 
 
 def _span(run):
@@ -63,9 +78,10 @@ def _span(run):
 
 def _consumer():
     global _consumer_obj
-    if _consumer_obj is None or _consumer_obj.closed:
-        _consumer_obj = vmmt.Consumer()
-    return _consumer_obj
+    with _lock:
+        if _consumer_obj is None or _consumer_obj.closed:
+            _consumer_obj = vmmt.Consumer()
+        return _consumer_obj
 
 
 def _flush_acknowledgements():
@@ -260,7 +276,7 @@ class CudaVmmTensorTransportProxy(_Base):
         `acknowledge_ranks`); the same tensor again when called again for that
         device."""
         device = int(rebuild_device_idx)
-        with _lock:
+        with _own_lock(self):
             if self.reconstruct_tensor is not None and self._device == device:
                 return self.reconstruct_tensor
             if self._consumer_acknowledged:
@@ -312,7 +328,7 @@ class CudaVmmTensorTransportProxy(_Base):
                                 acknowledge_ranks=None):
         """Release the slice without copying (a request dropped or served from
         a cache), for the ranks `consumer_count` selects; once per proxy."""
-        with _lock:
+        with _own_lock(self):
             if self._consumer_acknowledged:
                 return
             _ack(self._need_descriptor(), rank_spans(consumer_count, self.consumer_count,
@@ -440,7 +456,7 @@ class _CudaVmmPackedTransportOwner:
                                      acknowledge_ranks=None):
         """Every member, consumed into one flat uint8 buffer on the device."""
         device = int(rebuild_device_idx)
-        with _lock:
+        with _own_lock(self):
             if self.reconstruct_tensor is not None and self._device == device:
                 return self.reconstruct_tensor
             if self._consumer_acknowledged:
@@ -473,7 +489,7 @@ class _CudaVmmPackedTransportOwner:
 
     def acknowledge_consumption(self, consumer_count=None, consumer_rank=None,
                                 acknowledge_ranks=None):
-        with _lock:
+        with _own_lock(self):
             if self._consumer_acknowledged:
                 return
             runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
@@ -522,7 +538,7 @@ class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
     def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count=None,
                                      consumer_rank=None, *, acknowledge_ranks=None):
         device = int(rebuild_device_idx)
-        with _lock:
+        with _own_lock(self._packed_owner):
             if self.reconstruct_tensor is not None and self._device == device:
                 return self.reconstruct_tensor
             if self._consumer_acknowledged:
@@ -556,7 +572,7 @@ class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
 
     def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, *,
                                        acknowledge_ranks=None):
-        with _lock:
+        with _own_lock(self._packed_owner):
             if self._consumer_acknowledged:
                 return
             named = {k: v for k, v in (("consumer_rank", consumer_rank),
