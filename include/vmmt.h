@@ -712,7 +712,8 @@ static inline int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_
  * released for dead ranks), or that any of the ranks asked for has already
  * consumed or acknowledged, in this process or any other, is VMMT_ESTATE, and
  * nothing is written; one whose producer died before its bytes landed is
- * VMMT_ECLOSED.
+ * VMMT_ECLOSED, as is the first of a pool whose broker no longer listens
+ * (shut down, or its producer exited, before this process imported it).
  */
 VMMT_API int vmmt_consume(vmmt_consumer *consumer, const vmmt_desc *desc, int device, uint64_t dst,
                           uint64_t dst_size, void *stream, int rank_first, int rank_count);

@@ -542,7 +542,6 @@ def test_flush_and_check_after_the_producer_was_killed():
         proc.join(30)
 
 
-@pytest.mark.xfail(strict=True, reason="open: a rebuild of a proxy whose pool shut down before this process imported it raises vmmt.Error (ESYS, broker connection refused), not ProducerGone (flush and cancel_proxy after close/shutdown fixed 2026-12-07)")
 def test_finding_closed_errors_do_not_say_what_was_asked(clean):
     """FINDING 5 (error clarity): the brief's rule, every failure says what
     was asked, what was found and what to do."""

@@ -76,7 +76,7 @@ static int connect_failed(const struct vmmt__broker_addr *addr, const char *wher
     /*
      * A path broker's file permissions refuse a user the broker's own check
      * would: the same refusal, so the same status as its VMMT_EPERM reply
-     * (VMMT_ESYS reads as "the producer is gone").
+     * (VMMT_ECLOSED reads as "the producer is gone").
      */
     if (err == EACCES || err == EPERM)
         return vmmt__fail(VMMT_EPERM,
@@ -86,9 +86,26 @@ static int connect_failed(const struct vmmt__broker_addr *addr, const char *wher
                                  "pool's allowed uids, and to make the directory searchable "
                                  "by it",
                           where, strerror(err), (unsigned)geteuid());
-    if (addr->kind == VMMT_BROKER_ADDR_ABSTRACT && err == ECONNREFUSED)
-        hint = "is the producer running? abstract sockets exist per network namespace: across "
-               "containers, give the broker a filesystem path";
+    /*
+     * Nobody listens there: the pool was shut down, or its producer exited
+     * (a broker stops with its pool). That is the pool's end, as a consumer
+     * of one already imported hears it, so the same status: an engine that
+     * drops requests of a gone producer (vmmt.ProducerGone) drops these too;
+     * before, a pool shut down before this process first imported it was
+     * VMMT_ESYS (test_attack_sglang_flush, finding 5).
+     */
+    if (err == ECONNREFUSED || err == ENOENT) {
+        if (addr->kind == VMMT_BROKER_ADDR_ABSTRACT)
+            hint = "or, across containers, a descriptor from another network namespace, whose "
+                   "abstract sockets are not this one's: give the broker a filesystem path";
+        else
+            hint = "or the descriptor names another machine's or container's path";
+        return vmmt__fail(VMMT_ECLOSED,
+                          PREFIX "cannot connect to %s: %s: no broker listens there, so the "
+                                 "pool was shut down or its producer exited (%s); drop the "
+                                 "request",
+                          where, strerror(err), hint);
+    }
     return vmmt__fail(VMMT_ESYS, PREFIX "cannot connect to %s: %s; %s", where, strerror(err), hint);
 }
 
@@ -583,7 +600,9 @@ static int fetch(const struct vmmt__broker_addr *addr, const uint8_t pool_id[16]
     for (;;) {
         st = attempt(addr, pool_id, expect, where, deadline, timeout_ms, want,
                      link != NULL ? VMMT__BREQ_HOLD : 0, &rp, &s, &peer_pid);
-        if (st != VMMT_ECLOSED || rp.len != 0 || remaining_ms(deadline) <= RETRY_PAUSE_MS) break;
+        /* Closed after connecting, with no reply: try again; nobody listening: do not. */
+        if (st != VMMT_ECLOSED || s < 0 || rp.len != 0 || remaining_ms(deadline) <= RETRY_PAUSE_MS)
+            break;
         for (int i = 0; i < rp.nfds; i++)
             close(rp.fds[i]);
         vmmt__guarded_close(s);
