@@ -13,6 +13,7 @@ Packed proxies (one per tensor of a request, in one slice) share an owner
 that consumes every member into one flat buffer on first use, so that the
 members are views of one allocation, as sglang's are.
 """
+import contextlib
 import copyreg
 import operator
 import threading
@@ -95,13 +96,47 @@ def _flush_acknowledgements():
             consumer.flush()
 
 
+# Consumers that rebuilds are using: id -> [consumer, rebuilds, closing]. A
+# rebuild uses one consumer from its first consume to its last
+# acknowledgement: a packed group's members taken by one consumer can be
+# acknowledged by that consumer only, so a cache clear that closed it between
+# two members left the group's words taken and its slice held for good
+# (test_attack_sglang_threads). The clear closes a consumer in use once its
+# last rebuild is done.
+_leases = {}
+
+
+@contextlib.contextmanager
+def _leased_consumer():
+    """The process's consumer, not closed before the block ends."""
+    with _lock:
+        consumer = _consumer()
+        entry = _leases.setdefault(id(consumer), [consumer, 0, False])
+        entry[1] += 1
+    try:
+        yield consumer
+    finally:
+        with _lock:
+            entry[1] -= 1
+            close = entry[1] == 0 and entry[2]
+            if entry[1] == 0:
+                del _leases[id(consumer)]
+        if close:
+            consumer.close()
+
+
 def _imported_pool_cache_clear():
     """Let go of every imported pool of this process (sglang's name): closes
-    the process's vmmt.Consumer; the next proxy makes a new one. Tensors
-    already rebuilt own their memory and stay valid."""
+    the process's vmmt.Consumer (one a rebuild is using, once that rebuild
+    is done); the next proxy makes a new one. Tensors already rebuilt own
+    their memory and stay valid."""
     global _consumer_obj
     with _lock:
         consumer, _consumer_obj = _consumer_obj, None
+        entry = _leases.get(id(consumer)) if consumer is not None else None
+        if entry is not None:
+            entry[2] = True
+            consumer = None
     if consumer is not None:
         consumer.close()
 
@@ -127,7 +162,7 @@ def _elements(shape):
     return reduce(operator.mul, (operator.index(d) for d in dims), 1)
 
 
-def _release(desc, device, runs, error):
+def _release(desc, device, runs, error, consumer=None):
     """After a failed consume: acknowledge, so that the slice is not held by a
     request that will never use it. True when the slice is released for these
     ranks (acknowledged now, or already: the consume acknowledged before it
@@ -136,7 +171,7 @@ def _release(desc, device, runs, error):
     released = True
     for first, count in runs:
         try:
-            _consumer().ack(desc, device=device, ranks=range(first, first + count))
+            (consumer or _consumer()).ack(desc, device=device, ranks=range(first, first + count))
         except vmmt.Error as ack_error:
             if getattr(ack_error, "status", None) == -14:  # VMMT_ESTATE: nothing to release
                 continue
@@ -148,8 +183,8 @@ def _release(desc, device, runs, error):
     return released
 
 
-def _ack(desc, runs, device=None):
-    consumer = _consumer()
+def _ack(desc, runs, device=None, consumer=None):
+    consumer = consumer or _consumer()
     for first, count in runs:
         consumer.ack(desc, device=device, ranks=range(first, first + count))
 
@@ -314,12 +349,17 @@ class CudaVmmTensorTransportProxy(_Base):
                 # releases the slice like a failed copy.
                 tensor = arrays.empty_typed(self.shape, self.dtype, device,
                                             arrays.consumer_library(self._lib), _on_device())
-                _consumer().consume(desc, device=device, out=tensor, ranks=_span(runs[0]))
             except Exception as error:
                 self._consumer_acknowledged = _release(desc, device, runs, error)
                 raise
-            if len(runs) > 1:
-                _ack(desc, runs[1:], device)
+            with _leased_consumer() as consumer:
+                try:
+                    consumer.consume(desc, device=device, out=tensor, ranks=_span(runs[0]))
+                except Exception as error:
+                    self._consumer_acknowledged = _release(desc, device, runs, error, consumer)
+                    raise
+                if len(runs) > 1:
+                    _ack(desc, runs[1:], device, consumer)
             self._consumer_acknowledged = True
             self.reconstruct_tensor, self._device = tensor, device
             return tensor
@@ -465,24 +505,26 @@ class _CudaVmmPackedTransportOwner:
                               acknowledge_ranks)
             flat = arrays.empty_bytes(max(1, self.data_nbytes), device,
                                       arrays.consumer_library(library), _on_device())
-            consumer, done = _consumer(), 0
-            try:
-                for d, off in zip(self.descriptors, self.offsets):
-                    consumer.consume(d, device=device, out=flat[off:off + d.nbytes],
-                                     ranks=_span(runs[0]))
-                    done += 1
-            except Exception as error:
-                # The group is acknowledged once every member is consumed or
-                # dropped: drop the rest, so the slice is not held for good.
-                released = _release(self.descriptors[done], device, runs, error)
-                for d in self.descriptors[done + 1:]:
-                    released = _release(d, device, runs, error) and released
-                for d in self.descriptors[:done]:  # the other ranks of the consumed ones
-                    released = _release(d, device, runs[1:], error) and released
-                self._consumer_acknowledged = released
-                raise
-            for d in self.descriptors:
-                _ack(d, runs[1:], device)
+            with _leased_consumer() as consumer:
+                done = 0
+                try:
+                    for d, off in zip(self.descriptors, self.offsets):
+                        consumer.consume(d, device=device, out=flat[off:off + d.nbytes],
+                                         ranks=_span(runs[0]))
+                        done += 1
+                except Exception as error:
+                    # The group is acknowledged once every member is consumed or
+                    # dropped: drop the rest, by the consumer that took the group,
+                    # so the slice is not held for good.
+                    released = _release(self.descriptors[done], device, runs, error, consumer)
+                    for d in self.descriptors[done + 1:]:
+                        released = _release(d, device, runs, error, consumer) and released
+                    for d in self.descriptors[:done]:  # the other ranks of the consumed ones
+                        released = _release(d, device, runs[1:], error, consumer) and released
+                    self._consumer_acknowledged = released
+                    raise
+                for d in self.descriptors:
+                    _ack(d, runs[1:], device, consumer)
             self._consumer_acknowledged = True
             self.reconstruct_tensor, self._device = flat, device
             return flat
@@ -494,8 +536,9 @@ class _CudaVmmPackedTransportOwner:
                 return
             runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
                               acknowledge_ranks)
-            for d in self.descriptors:
-                _ack(d, runs)
+            with _leased_consumer() as consumer:
+                for d in self.descriptors:
+                    _ack(d, runs, consumer=consumer)
             self._consumer_acknowledged = True
 
 
