@@ -90,6 +90,8 @@ import emu_counters
 from child import run_child
 from emu_counters import StalledStream
 from sglang_fixtures import MiB, clean, make_pool, vmmt, vs  # noqa: F401
+from sglang_threads import Call as _Call, LegacyStall as _LegacyStall, wire as _wire
+from sglang_threads import copies as _copies, wait_copies as _wait_copies
 from vmmt import _vmmt
 
 DEADLINE = 10.0  # seconds; generous bound of every poll below
@@ -137,68 +139,6 @@ class _NBStall:
             _vmmt.mem_free(self.device, self._word)
             emu_counters.check(lib.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p())))
             emu_counters.check(lib.cuDevicePrimaryCtxRelease(self.device))
-
-
-class _LegacyStall:
-    """emu_counters.StalledStream (a blocking stream, so the legacy default
-    stream waits behind it, and with it a rebuild's copy), released by a
-    watchdog after `watchdog` seconds at the latest: a test that fails still
-    ends well before the emulator's 10 s limit."""
-
-    def __init__(self, watchdog=4.0):
-        self._s = StalledStream(0)
-        self._timer = threading.Timer(watchdog, self._s.release)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def release(self):
-        self._s.release()
-
-    def close(self):
-        self._timer.cancel()
-        self._s.__exit__(None, None, None)
-
-
-def _copies():
-    return emu_counters.calls("cuMemcpyDtoDAsync")
-
-
-def _wait_copies(before, n=1):
-    """Until n more consume copies were enqueued (the rebuild's copy is then
-    queued behind the stall)."""
-    deadline = time.monotonic() + DEADLINE
-    while _copies() < before + n:
-        assert time.monotonic() < deadline, "no consume copy was enqueued within %ds" % DEADLINE
-        time.sleep(0.001)
-
-
-class _Call:
-    """f() on a daemon thread; .done(timeout), .value, .error, .seconds."""
-
-    def __init__(self, f):
-        self.value = self.error = None
-        self.seconds = None
-        self._done = threading.Event()
-
-        def run():
-            t = time.monotonic()
-            try:
-                self.value = f()
-            except BaseException as e:  # noqa: B902 - reported by the test
-                self.error = e
-            finally:
-                self.seconds = time.monotonic() - t
-                self._done.set()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def done(self, timeout):
-        return self._done.wait(timeout)
-
-
-def _wire(proxy):
-    return pickle.loads(pickle.dumps(proxy))
 
 
 def _settled(pool, keep=0):

@@ -31,73 +31,18 @@ import numpy as np
 import pytest
 
 import emu_counters
-from emu_counters import StalledStream
 from sglang_fixtures import MiB, clean, make_pool, vmmt, vs  # noqa: F401
+from sglang_threads import Call as _Call, LegacyStall as _Stall, wire as _wire
+from sglang_threads import copies as _copies, wait_copies as _wait_copies
 
 DEADLINE = 10.0
 
 
 # ------------------------------------------------------------------ helpers
 
-class _Stall:
-    """A legacy-blocking stalled stream, released by a watchdog at the latest."""
-
-    def __init__(self, watchdog=4.0):
-        self._s = StalledStream(0)
-        self._timer = threading.Timer(watchdog, self._s.release)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def release(self):
-        self._s.release()
-
-    def close(self):
-        self._timer.cancel()
-        self._s.__exit__(None, None, None)
-
-
-def _copies():
-    return emu_counters.calls("cuMemcpyDtoDAsync")
-
-
-def _wait_copies(before, n=1):
-    deadline = time.monotonic() + DEADLINE
-    while _copies() < before + n:
-        assert time.monotonic() < deadline, "no consume copy was enqueued within %ds" % DEADLINE
-        time.sleep(0.001)
-
-
-class _Call:
-    """f() on a daemon thread; .done(timeout), .value, .error."""
-
-    def __init__(self, f, start=None):
-        self.value = self.error = None
-        self._done = threading.Event()
-
-        def run():
-            try:
-                if start is not None:
-                    start.wait(DEADLINE)
-                self.value = f()
-            except BaseException as e:  # noqa: B902 - reported by the test
-                self.error = e
-            finally:
-                self._done.set()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def done(self, timeout):
-        return self._done.wait(timeout)
-
-
 def _all_done(calls, timeout=DEADLINE):
     deadline = time.monotonic() + timeout
     return all(c.done(max(0.0, deadline - time.monotonic())) for c in calls)
-
-
-def _wire(proxy):
-    return pickle.loads(pickle.dumps(proxy))
 
 
 def _settled(pool, keep=0):
