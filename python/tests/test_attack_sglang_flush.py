@@ -88,7 +88,6 @@ import pytest
 
 import emu_counters
 from child import run_child
-from emu_counters import StalledStream
 from sglang_fixtures import MiB, clean, make_pool, vmmt, vs  # noqa: F401
 from sglang_threads import Call as _Call, LegacyStall as _LegacyStall, wire as _wire
 from sglang_threads import copies as _copies, wait_copies as _wait_copies
