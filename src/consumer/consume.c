@@ -152,15 +152,19 @@ static void forget(struct request *rq)
  * producer's cancel found taken (CANCELLED, generation.h) goes to the
  * cancel, G, which frees the slice.
  */
-static void give_back_word(const struct request *rq, uint32_t r)
+static void give_back_at(struct imported *pool, uint32_t stride, uint32_t slot, uint32_t gen,
+                         uint32_t r)
 {
-    uint32_t expect = vmmt__gen_pending(rq->d.generation);
-    uint32_t cancelled = vmmt__ack_cancelled(rq->d.generation);
-    uint32_t *w = rq->pool->ctrl.host + vmmt__ctrl_ack(0, rq->d.slot_stride, rq->d.slot, r) / 4;
+    uint32_t expect = vmmt__gen_pending(gen), cancelled = vmmt__ack_cancelled(gen);
+    uint32_t *w = pool->ctrl.host + vmmt__ctrl_ack(0, stride, slot, r) / 4;
 
     if (!__atomic_compare_exchange_n(w, &expect, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        __atomic_compare_exchange_n(w, &cancelled, rq->d.generation, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE);
+        __atomic_compare_exchange_n(w, &cancelled, gen, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+static void give_back_word(const struct request *rq, uint32_t r)
+{
+    give_back_at(rq->pool, rq->d.slot_stride, rq->d.slot, rq->d.generation, r);
 }
 
 static uint32_t *shared_row(const struct request *rq)
@@ -871,13 +875,9 @@ static void ack_done(void *arg, int acked)
 static int give_back_shared(void *arg)
 {
     const struct ack_note *n = arg;
-    struct request rq = {.pool = n->pool};
 
-    rq.d.slot = n->slot;
-    rq.d.generation = n->gen;
-    rq.d.slot_stride = n->stride;
     for (uint32_t r = n->first; r < n->first + n->count; r++)
-        give_back_word(&rq, r);
+        give_back_at(n->pool, n->stride, n->slot, n->gen, r);
     return 1;
 }
 
