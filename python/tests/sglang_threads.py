@@ -76,3 +76,17 @@ class Call:
 def wire(proxy):
     """The proxy as a rank gets it: pickled and unpickled."""
     return pickle.loads(pickle.dumps(proxy))
+
+
+def run_threads(threads, seconds, stop):
+    """Start `threads`, let them run `seconds`, set `stop`, join each within
+    30 s; True when none is left alive (none hung)."""
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    return not any(t.is_alive() for t in threads)

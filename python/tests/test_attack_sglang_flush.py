@@ -90,7 +90,8 @@ import emu_counters
 from child import run_child
 from sglang_fixtures import MiB, clean, make_pool, vmmt, vs  # noqa: F401
 from sglang_threads import Call as _Call, LegacyStall as _LegacyStall, wire as _wire
-from sglang_threads import copies as _copies, wait_copies as _wait_copies
+from sglang_threads import copies as _copies, run_threads as _run_threads
+from sglang_threads import wait_copies as _wait_copies
 from vmmt import _vmmt
 
 DEADLINE = 10.0  # seconds; generous bound of every poll below
@@ -655,15 +656,8 @@ def test_recycle_under_lock_from_many_threads_with_cache_clears(clean):
 
     ts = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
     ts.append(threading.Thread(target=clearer))
-    try:
-        for t in ts:
-            t.start()
-        time.sleep(2)
-    finally:
-        stop.set()
-        for t in ts:
-            t.join(30)
-    assert not any(t.is_alive() for t in ts), "a thread hung"
+    hung = not _run_threads(ts, 2, stop)
+    assert not hung, "a thread hung"
     assert not errors, "FINDING: " + "; ".join(errors[:5])
     assert done[0] > 100
     assert _settled(pool) == []

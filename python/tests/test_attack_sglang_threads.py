@@ -33,7 +33,8 @@ import pytest
 import emu_counters
 from sglang_fixtures import MiB, clean, make_pool, vmmt, vs  # noqa: F401
 from sglang_threads import Call as _Call, LegacyStall as _Stall, wire as _wire
-from sglang_threads import copies as _copies, wait_copies as _wait_copies
+from sglang_threads import copies as _copies, run_threads as _run_threads
+from sglang_threads import wait_copies as _wait_copies
 
 DEADLINE = 10.0
 
@@ -443,16 +444,9 @@ def test_rebuilds_of_several_pools_racing_cache_clear_and_recycle(clean, mix):
     ts.append(threading.Thread(target=recycler))
     if clearing:
         ts.append(threading.Thread(target=clearer))
+    hung = not _run_threads(ts, 1.5, stop)
     try:
-        for t in ts:
-            t.start()
-        time.sleep(1.5)
-    finally:
-        stop.set()
-        for t in ts:
-            t.join(30)
-    try:
-        assert not any(t.is_alive() for t in ts), "a thread hung"
+        assert not hung, "a thread hung"
         assert not errors, errors[:5]
         assert done[0] > 50, (done, refused)
         for pool in pools:
