@@ -733,6 +733,26 @@ VMMT_API int vmmt_consumer_ack(vmmt_consumer *consumer, const vmmt_desc *desc, i
                                void *stream, int rank_first, int rank_count);
 
 /*
+ * vmmt_consume and vmmt_consumer_ack for the `nranks` ranks listed in
+ * `ranks` (any order, each once, each below the pool's consumer count), in
+ * one call: one copy, then one acknowledgement for all of them. All or
+ * nothing: where any rank listed has consumed or acknowledged the
+ * descriptor already (or is consuming it in another process), the call is
+ * VMMT_ESTATE and takes, copies and acknowledges nothing for the others,
+ * which may then be asked for again. A process that acknowledges for a
+ * group of ranks that are not consecutive (sglang's acknowledge_ranks) uses
+ * these: called run by run, a later run's refusal left the earlier runs
+ * acknowledged. The members of a packed group are consumed for the same
+ * list (as a set: order does not matter). A NULL list, nranks < 1, a rank
+ * listed twice or outside the pool: VMMT_EINVAL, nothing done.
+ */
+VMMT_API int vmmt_consume_ranks(vmmt_consumer *consumer, const vmmt_desc *desc, int device,
+                                uint64_t dst, uint64_t dst_size, void *stream, const int *ranks,
+                                int nranks);
+VMMT_API int vmmt_consumer_ack_ranks(vmmt_consumer *consumer, const vmmt_desc *desc, int device,
+                                     void *stream, const int *ranks, int nranks);
+
+/*
  * Write now, in this thread, the acknowledgements of this consumer's copies
  * that have completed. A stream-ordered consume's acknowledgement is
  * otherwise written by the consumer's own thread, which looks at pending

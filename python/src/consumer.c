@@ -58,6 +58,49 @@ static void leave(ConsumerObject *self)
     if (--self->busy == 0 && self->closed) destroy_now(self);
 }
 
+/*
+ * The ranks a call is for: the run (first, count), or, where `list` is a
+ * tuple, the ranks it lists (vmmt_consume_ranks: all or nothing). The
+ * Python layer (vmmt._args.ranks) has checked each is an int of 0..255.
+ */
+struct ranks_arg {
+    int first, count;
+    int list[256];
+    int n; /* 0: the run */
+};
+
+static int ranks_from(PyObject *list, struct ranks_arg *r)
+{
+    Py_ssize_t n;
+
+    r->n = 0;
+    if (list == Py_None) return 0;
+    if (!PyTuple_Check(list) || (n = PyTuple_Size(list)) < 1 ||
+        n > (Py_ssize_t)(sizeof r->list / sizeof r->list[0])) {
+        PyErr_SetString(PyExc_TypeError, "ranks list: a tuple of 1..256 ints, or None");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int overflow = 0;
+        long v = PyLong_AsLongAndOverflow(PyTuple_GetItem(list, i), &overflow);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        if (overflow || v < 0 || v > 255) {
+            PyErr_Format(PyExc_ValueError, "ranks list: entry %zd is not a rank of 0..255", i);
+            return -1;
+        }
+        r->list[i] = (int)v;
+    }
+    r->n = (int)n;
+    return 0;
+}
+
+static int consume_for(vmmt_consumer *c, const vmmt_desc *d, int device, uint64_t dst,
+                       uint64_t size, void *stream, const struct ranks_arg *r)
+{
+    if (r->n > 0) return vmmt_consume_ranks(c, d, device, dst, size, stream, r->list, r->n);
+    return vmmt_consume(c, d, device, dst, size, stream, r->first, r->count);
+}
+
 static int consumer_init(ConsumerObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"timeout_ms", "max_pools", "cache_bytes", NULL};
@@ -105,27 +148,30 @@ static int consumer_init(ConsumerObject *self, PyObject *args, PyObject *kw)
     return 0;
 }
 
-/* consume(desc, device, stream, rank_first, rank_count) -> Buffer */
+/* consume(desc, device, stream, rank_first, rank_count, rank_list=None) -> Buffer */
 static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
 {
-    PyObject *o, *buf;
+    PyObject *o, *buf, *list = Py_None;
     vmmt_consumer *c;
     vmmt_desc d;
     vmmt_desc_info info;
     void *stream = NULL;
-    int device, first, count, st;
+    struct ranks_arg r;
+    int device, st;
     uint64_t ptr = 0;
 
-    if (!PyArg_ParseTuple(args, "OiO&ii", &o, &device, vmmtpy_stream_conv, &stream, &first, &count))
+    if (!PyArg_ParseTuple(args, "OiO&ii|O", &o, &device, vmmtpy_stream_conv, &stream, &r.first,
+                          &r.count, &list))
         return NULL;
-    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0) return NULL;
+    if (ranks_from(list, &r) != 0 || vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0)
+        return NULL;
     if (vmmt_desc_inspect(&d, &info) != VMMT_OK) return vmmtpy_raise(VMMT_EINVAL);
     if ((c = enter(self, "consume")) == NULL) return NULL;
     ptr = vmmtpy_cache_take(self->cache, device, stream, info.nbytes);
     Py_BEGIN_ALLOW_THREADS;
     st = ptr != 0 ? VMMT_OK : vmmt_mem_alloc(device, info.nbytes, &ptr);
     if (st == VMMT_OK) {
-        st = vmmt_consume(c, &d, device, ptr, info.nbytes, stream, first, count);
+        st = consume_for(c, &d, device, ptr, info.nbytes, stream, &r);
         /* A failed consume still acknowledged, and its copy never ran or was drained. */
         if (st != VMMT_OK) {
             struct vmmt__saved_error e;
@@ -145,46 +191,50 @@ static PyObject *consumer_consume(ConsumerObject *self, PyObject *args)
     return buf;
 }
 
-/* consume_into(desc, device, dst, dst_size, stream, rank_first, rank_count) */
+/* consume_into(desc, device, dst, dst_size, stream, rank_first, rank_count, rank_list=None) */
 static PyObject *consumer_consume_into(ConsumerObject *self, PyObject *args)
 {
     vmmt_consumer *c;
-    PyObject *o;
+    PyObject *o, *list = Py_None;
     vmmt_desc d;
     void *stream = NULL;
     unsigned long long dst, size;
-    int device, first, count, st;
+    struct ranks_arg r;
+    int device, st;
 
-    if (!PyArg_ParseTuple(args, "OiKKO&ii", &o, &device, &dst, &size, vmmtpy_stream_conv, &stream,
-                          &first, &count))
+    if (!PyArg_ParseTuple(args, "OiKKO&ii|O", &o, &device, &dst, &size, vmmtpy_stream_conv, &stream,
+                          &r.first, &r.count, &list))
         return NULL;
-    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0 ||
-        (c = enter(self, "consume")) == NULL)
+    if (ranks_from(list, &r) != 0 || vmmtpy_device_arg(device) != 0 ||
+        vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self, "consume")) == NULL)
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_consume(c, &d, device, dst, size, stream, first, count);
+    st = consume_for(c, &d, device, dst, size, stream, &r);
     Py_END_ALLOW_THREADS;
     leave(self);
     if (st != VMMT_OK) return vmmtpy_raise_consume(st);
     Py_RETURN_NONE;
 }
 
-/* ack(desc, device, stream, rank_first, rank_count) */
+/* ack(desc, device, stream, rank_first, rank_count, rank_list=None) */
 static PyObject *consumer_ack(ConsumerObject *self, PyObject *args)
 {
     vmmt_consumer *c;
-    PyObject *o;
+    PyObject *o, *list = Py_None;
     vmmt_desc d;
     void *stream = NULL;
-    int device, first, count, st;
+    struct ranks_arg r;
+    int device, st;
 
-    if (!PyArg_ParseTuple(args, "OiO&ii", &o, &device, vmmtpy_stream_conv, &stream, &first, &count))
+    if (!PyArg_ParseTuple(args, "OiO&ii|O", &o, &device, vmmtpy_stream_conv, &stream, &r.first,
+                          &r.count, &list))
         return NULL;
-    if (vmmtpy_device_arg(device) != 0 || vmmtpy_desc_arg(o, &d) != 0 ||
-        (c = enter(self, "ack")) == NULL)
+    if (ranks_from(list, &r) != 0 || vmmtpy_device_arg(device) != 0 ||
+        vmmtpy_desc_arg(o, &d) != 0 || (c = enter(self, "ack")) == NULL)
         return NULL;
     Py_BEGIN_ALLOW_THREADS;
-    st = vmmt_consumer_ack(c, &d, device, stream, first, count);
+    st = r.n > 0 ? vmmt_consumer_ack_ranks(c, &d, device, stream, r.list, r.n)
+                 : vmmt_consumer_ack(c, &d, device, stream, r.first, r.count);
     Py_END_ALLOW_THREADS;
     leave(self);
     if (st != VMMT_OK) return vmmtpy_raise_consume(st);
@@ -308,11 +358,11 @@ vmmt_consumer *vmmtpy_consumer_handle(PyObject *o)
 
 static PyMethodDef consumer_methods[] = {
     {"consume", (PyCFunction)consumer_consume, METH_VARARGS,
-     "consume(desc, device, stream, rank_first, rank_count) -> Buffer"},
+     "consume(desc, device, stream, rank_first, rank_count, rank_list=None) -> Buffer"},
     {"consume_into", (PyCFunction)consumer_consume_into, METH_VARARGS,
-     "consume_into(desc, device, dst, dst_size, stream, rank_first, rank_count)"},
+     "consume_into(desc, device, dst, dst_size, stream, rank_first, rank_count, rank_list=None)"},
     {"ack", (PyCFunction)consumer_ack, METH_VARARGS,
-     "ack(desc, device, stream, rank_first, rank_count)"},
+     "ack(desc, device, stream, rank_first, rank_count, rank_list=None)"},
     {"check", (PyCFunction)consumer_check, METH_O, "check(desc): vmmt_consumer_check"},
     {"flush", (PyCFunction)consumer_flush, METH_NOARGS, "flush(): vmmt_consumer_flush"},
     {"evict", (PyCFunction)consumer_evict, METH_VARARGS, "evict(pool_id, device)"},

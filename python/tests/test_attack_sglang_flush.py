@@ -887,9 +887,9 @@ def test_finding_numpy_integers_refused_with_contradicting_messages(clean):
         "; ".join(problems)
 
 
-@pytest.mark.xfail(strict=True, reason="open: acknowledge_ranks runs are acknowledged one by one, so a refusal of a later run leaves the earlier acknowledged")
 def test_finding_failed_acknowledge_ranks_acknowledged_some_ranks(clean):
-    """FINDING 3: acknowledge_ranks=[0, 2] with rank 2 acknowledged already
+    """FINDING 3 (fixed 2026-12-07: one vmmt_consume_ranks or
+    vmmt_consumer_ack_ranks call, all or nothing): acknowledge_ranks=[0, 2] with rank 2 acknowledged already
     raises Stale "... nothing was acknowledged again", yet rank 0 was
     acknowledged by the failed call (a later ack for rank 0 is Stale). For a
     rebuild the rank's copy is lost: the retry for its own rank is Stale.

@@ -258,8 +258,32 @@ def test_ranks_and_ack(no_leaks):
         c.ack(d, ranks=2)
         p.drain(5000)
         assert p.stats()["recycled"] == 2
-        with pytest.raises(ValueError, match="consecutive"):
+        with pytest.raises(vmmt.Stale):
             c.ack(d, ranks=[0, 2])
+        for bad in ([1, 1], [], (0, 256)):
+            with pytest.raises(ValueError, match="rank"):
+                c.ack(d, ranks=bad)
+
+
+def test_rank_list_all_or_nothing(no_leaks):
+    """ranks= a list of ranks that are not consecutive: one call, all of them
+    or none (vmmt_consume_ranks). Rank 2 done already, a consume for [0, 2]
+    copies nothing for rank 0, which consumes after."""
+    with vmmt.Pool(memory_size=2 << 20, consumer_count=4) as p, vmmt.Consumer() as c:
+        a = np.arange(7, dtype=np.int64)
+        d = p.publish(a)
+        c.ack(d, ranks=[2])
+        out = np.zeros(7, np.int64)
+        with pytest.raises(vmmt.Stale, match="rank 2"):
+            c.consume(d, out=out, ranks=[0, 2])
+        assert not out.any()
+        np.testing.assert_array_equal(c.consume(d, out=out, ranks={3, 0}), a)
+        with pytest.raises(vmmt.Stale):
+            c.ack(d, ranks=[1, 3])
+        p.reclaim()
+        assert p.stats()["in_flight"] == 1
+        c.ack(d, ranks=(1,))
+        p.drain(5000)
 
 
 def test_negative_ranks_refused(no_leaks):

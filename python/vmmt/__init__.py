@@ -956,8 +956,10 @@ class Consumer:
     def consume(self, desc, device=None, out=None, stream=None, *, ranks):
         """Copy the buffer a descriptor names and acknowledge it for `ranks`.
 
-        ranks (required): this process's rank (an int), consecutive ranks (a
-        range), or vmmt.ALL_RANKS for every rank of the pool. Without ``out``:
+        ranks (required): this process's rank (an int), ranks (a range, or a
+        list or set of distinct ranks: all of them are consumed and
+        acknowledged, or, where any of them is done already, none), or
+        vmmt.ALL_RANKS for every rank of the pool. Without ``out``:
         returns a Buffer in new device memory, for ``torch.from_dlpack`` (it
         owns the memory). With ``out`` (any DLPack array of at least
         desc.nbytes, C-contiguous): fills it and returns it. The copy runs on
@@ -969,7 +971,7 @@ class Consumer:
         (this consumer is closed), Timeout; ValueError/TypeError for a bad
         argument, before anything is consumed.
         """
-        first, count = _args.ranks(ranks)
+        rk = _args.ranks(ranks)
         raw = desc if isinstance(desc, bytes) else _desc_bytes(desc)
         if stream is not None:
             device = _stream_device(stream, device)
@@ -979,10 +981,10 @@ class Consumer:
             if device is None:
                 device = _default_device()
             s = _resolve_stream(stream, device)
-            return self._c.consume(raw, device, s, first, count)
-        return self._consume_into(raw, device, out, stream, first, count)
+            return self._c.consume(raw, device, s, *rk)
+        return self._consume_into(raw, device, out, stream, rk)
 
-    def _consume_into(self, raw, device, out, stream, first, count):
+    def _consume_into(self, raw, device, out, stream, rk):
         t = _TORCH or _torch()
         if t and stream is None and type(out) is t.Tensor and out.is_cuda:
             dev = out.get_device()
@@ -997,7 +999,7 @@ class Consumer:
                                      "the bit (resolve_conj(), resolve_neg())")
                 # The current stream is the tensor's own: nothing to order, no DLPack needed.
                 self._c.consume_into(raw, dev, out.data_ptr(), out.numel() * out.element_size(),
-                                     t.raw_stream(dev), first, count)
+                                     t.raw_stream(dev), *rk)
                 return out
         if not hasattr(out, "__dlpack__") or not hasattr(out, "__dlpack_device__"):
             raise TypeError("out=%s: give an array with __dlpack__ and __dlpack_device__ (a "
@@ -1021,7 +1023,7 @@ class Consumer:
         if readonly:
             raise ValueError("out is read-only")
         if kind in _DL_CUDA_TYPES:
-            self._c.consume_into(raw, device, ptr, nbytes, s, first, count)
+            self._c.consume_into(raw, device, ptr, nbytes, s, *rk)
             return out
         # Host memory: through device memory, then one copy to the host. The
         # size is checked first: the consume acknowledges, so a refusal after
@@ -1029,7 +1031,7 @@ class Consumer:
         need = _vmmt.desc_inspect(raw)[6]
         if need > nbytes:
             raise ValueError("out holds %d bytes; the buffer has %d" % (nbytes, need))
-        buf = self._c.consume(raw, device, s, first, count)
+        buf = self._c.consume(raw, device, s, *rk)
         _vmmt.mem_copy(device, ptr, buf.ptr, buf.nbytes, s)
         _vmmt.stream_synchronize(device, s)
         del cap
@@ -1038,10 +1040,10 @@ class Consumer:
     def ack(self, desc, device=None, stream=None, *, ranks):
         """Acknowledge without copying (a dropped request), for `ranks` (required, as
         for consume)."""
-        first, count = _args.ranks(ranks)
+        rk = _args.ranks(ranks)
         device = _stream_device(stream, device)
         device = _default_device() if device is None else _args.device(device)
-        self._c.ack(_desc_bytes(desc), device, _resolve_stream(stream, device), first, count)
+        self._c.ack(_desc_bytes(desc), device, _resolve_stream(stream, device), *rk)
 
     def check(self, desc):
         """After synchronizing a consume's stream, before using the bytes: raises

@@ -48,7 +48,7 @@ _Out = TypeVar("_Out", bound=_DLPackArray)
 
 # An int (CUstream), or an object with cuda_stream / __cuda_stream__ / ptr.
 StreamLike = Any
-# One rank, consecutive ranks, or ALL_RANKS; required by consume and ack.
+# One rank, ranks (a range, list or set: all or none), or ALL_RANKS; required by consume and ack.
 Ranks = Union[int, Iterable[int], Literal["all"]]
 
 def select_driver(name: Literal["cuda", "emu"]) -> None: ...

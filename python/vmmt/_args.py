@@ -100,12 +100,17 @@ def _rank(value, ranks):
             return operator.index(value)
         except TypeError:
             pass
-    raise TypeError("ranks=%r: give a rank (an int 0..255), consecutive ranks (a range or list), "
+    raise TypeError("ranks=%r: give a rank (an int 0..255), ranks (a range, list or set), "
                     "or vmmt.ALL_RANKS" % (ranks,))
 
 
 def ranks(value):
-    """(rank_first, rank_count) from a rank, consecutive ranks, or ALL_RANKS.
+    """(rank_first, rank_count, rank_list) from a rank, ranks, or ALL_RANKS.
+
+    Consecutive ranks in order are the run (first, count) with rank_list
+    None; any other ranks (distinct, in any order: a list, tuple or set) are
+    rank_list, a tuple the binding hands to vmmt_consume_ranks, which takes
+    or acknowledges all of them or none.
 
     There is no default: a rank that forgot ranks= would acknowledge for
     every rank, and the next rank's consume fail with a message pointing
@@ -113,23 +118,27 @@ def ranks(value):
     refused too."""
     if isinstance(value, str):
         if value == ALL_RANKS:
-            return _vmmt.ALL_RANKS, 0
-        raise ValueError("ranks=%r: give a rank, consecutive ranks, or vmmt.ALL_RANKS ('all')"
-                         % (value,))
+            return _vmmt.ALL_RANKS, 0, None
+        raise ValueError("ranks=%r: give a rank, ranks (a range, list or set), or "
+                         "vmmt.ALL_RANKS ('all')" % (value,))
     if value is None:
         raise TypeError("ranks=None: say which rank(s) this consume or ack is for (ranks=r, "
-                        "ranks=range(a, b)), or ranks=vmmt.ALL_RANKS for every rank of the pool")
+                        "ranks=range(a, b), ranks=[a, c]), or ranks=vmmt.ALL_RANKS for every "
+                        "rank of the pool")
     if not hasattr(value, "__iter__"):
         first = _rank(value, value)
         if not 0 <= first <= 255:
             raise ValueError("ranks=%d is out of range: give a rank of 0..255, or "
                              "vmmt.ALL_RANKS" % first)
-        return first, 1
+        return first, 1, None
     rs = [_rank(r, value) for r in value]
-    if not rs or rs != list(range(rs[0], rs[0] + len(rs))):
-        raise ValueError("ranks=%r: give consecutive ranks (a range), one rank, or "
-                         "vmmt.ALL_RANKS" % (rs,))
-    if rs[0] < 0 or rs[-1] > 255:
+    if not rs:
+        raise ValueError("ranks=%r: give at least one rank, or vmmt.ALL_RANKS" % (value,))
+    if min(rs) < 0 or max(rs) > 255:
         raise ValueError("ranks %r are out of range: give ranks of 0..255, or vmmt.ALL_RANKS"
                          % (rs,))
-    return rs[0], len(rs)
+    if len(set(rs)) != len(rs):
+        raise ValueError("ranks=%r: give each rank once" % (rs,))
+    if rs == list(range(rs[0], rs[0] + len(rs))):
+        return rs[0], len(rs), None
+    return 0, 0, tuple(rs)

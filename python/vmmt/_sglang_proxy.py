@@ -23,7 +23,7 @@ import vmmt
 
 from . import _sglang_arrays as arrays
 from ._sglang_ranks import resolve as rank_resolve
-from ._sglang_ranks import spans as rank_spans
+from ._sglang_ranks import chosen as rank_chosen
 
 
 def _proxy_base():
@@ -69,12 +69,6 @@ def _own_lock(obj):
         with _lock:
             lock = obj.__dict__.setdefault("_rebuild_lock", threading.RLock())
     return lock
-
-
-def _span(run):
-    """The ranks of one (first, count) run, as the binding takes them."""
-    first, count = run
-    return range(first, first + count)
 
 
 def _consumer():
@@ -162,31 +156,42 @@ def _elements(shape):
     return reduce(operator.mul, (operator.index(d) for d in dims), 1)
 
 
-def _release(desc, device, runs, error, consumer=None):
-    """After a failed consume: acknowledge, so that the slice is not held by a
+def _release(desc, device, ranks, error, consumer=None):
+    """After a failed rebuild: acknowledge, so that the slice is not held by a
     request that will never use it. True when the slice is released for these
     ranks (acknowledged now, or already: the consume acknowledged before it
     failed, or the slot holds another occupant); False when an
-    acknowledgement failed too (a retry may work), noted on `error`."""
+    acknowledgement failed too (a retry may work), noted on `error`. A set
+    refused whole because some of its ranks are done already is then
+    acknowledged rank by rank: the rebuild is abandoned, so whatever it
+    still owes is given back. (Not a packed member's: its group is taken
+    for one set, and the refusal forgot it.)"""
+    consumer = consumer or _consumer()
+    try:
+        consumer.ack(desc, device=device, ranks=ranks)
+        return True
+    except vmmt.Stale:
+        if len(ranks) == 1 or desc.pack_count > 1:
+            return True  # nothing to release
+    except vmmt.Error as ack_error:
+        return _not_released(error, ack_error)
     released = True
-    for first, count in runs:
+    for r in ranks:
         try:
-            (consumer or _consumer()).ack(desc, device=device, ranks=range(first, first + count))
+            consumer.ack(desc, device=device, ranks=r)
+        except vmmt.Stale:
+            pass
         except vmmt.Error as ack_error:
-            if getattr(ack_error, "status", None) == -14:  # VMMT_ESTATE: nothing to release
-                continue
-            released = False
-            if hasattr(error, "add_note"):  # Python 3.11 and newer
-                error.add_note("vmmt.sglang: the acknowledgement after the failed "
-                               "reconstruction also failed (%s); the slice is still held and "
-                               "the call may be retried" % ack_error)
+            released = _not_released(error, ack_error)
     return released
 
 
-def _ack(desc, runs, device=None, consumer=None):
-    consumer = consumer or _consumer()
-    for first, count in runs:
-        consumer.ack(desc, device=device, ranks=range(first, first + count))
+def _not_released(error, ack_error):
+    if hasattr(error, "add_note"):  # Python 3.11 and newer
+        error.add_note("vmmt.sglang: the acknowledgement after the failed reconstruction also "
+                       "failed (%s); the slice is still held and the call may be retried"
+                       % ack_error)
+    return False
 
 
 class CudaVmmTensorTransportProxy(_Base):
@@ -317,8 +322,8 @@ class CudaVmmTensorTransportProxy(_Base):
             if self._consumer_acknowledged:
                 raise RuntimeError("CUDA VMM tensor has already released its pool slice")
             desc = self._need_descriptor()
-            runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
-                              acknowledge_ranks)
+            ranks = rank_chosen(consumer_count, self.consumer_count, consumer_rank,
+                                acknowledge_ranks)
             nbytes = desc._decoded()[6]
             elements = _elements(self.shape)
             if elements < 0:
@@ -326,19 +331,19 @@ class CudaVmmTensorTransportProxy(_Base):
                     "CUDA VMM proxy shape %r is not a shape (dimensions must be non-negative "
                     "ints); the pool slice is released and the proxy cannot be reconstructed"
                     % (self.shape,))
-                self._consumer_acknowledged = _release(desc, device, runs, error)
+                self._consumer_acknowledged = _release(desc, device, ranks, error)
                 raise error
             try:
                 want = elements * arrays.itemsize(self.dtype)
             except Exception as error:  # a dtype this rank's library does not know
-                self._consumer_acknowledged = _release(desc, device, runs, error)
+                self._consumer_acknowledged = _release(desc, device, ranks, error)
                 raise
             if want != nbytes:
                 error = RuntimeError(
                     "CUDA VMM proxy shape %r of %s holds %d bytes, but the published tensor has "
                     "%d; the pool slice is released and the proxy cannot be reconstructed"
                     % (tuple(self.shape), arrays.dtype_name(self.dtype), want, nbytes))
-                self._consumer_acknowledged = _release(desc, device, runs, error)
+                self._consumer_acknowledged = _release(desc, device, ranks, error)
                 raise error
             try:
                 # Into a tensor of the proxy's shape and dtype from the library's
@@ -350,16 +355,18 @@ class CudaVmmTensorTransportProxy(_Base):
                 tensor = arrays.empty_typed(self.shape, self.dtype, device,
                                             arrays.consumer_library(self._lib), _on_device())
             except Exception as error:
-                self._consumer_acknowledged = _release(desc, device, runs, error)
+                self._consumer_acknowledged = _release(desc, device, ranks, error)
                 raise
             with _leased_consumer() as consumer:
                 try:
-                    consumer.consume(desc, device=device, out=tensor, ranks=_span(runs[0]))
-                except Exception as error:
-                    self._consumer_acknowledged = _release(desc, device, runs, error, consumer)
+                    consumer.consume(desc, device=device, out=tensor, ranks=ranks)
+                except vmmt.Stale:
+                    # Refused whole (vmmt_consume_ranks): nothing was taken,
+                    # so nothing is given back, and another set may be asked.
                     raise
-                if len(runs) > 1:
-                    _ack(desc, runs[1:], device, consumer)
+                except Exception as error:
+                    self._consumer_acknowledged = _release(desc, device, ranks, error, consumer)
+                    raise
             self._consumer_acknowledged = True
             self.reconstruct_tensor, self._device = tensor, device
             return tensor
@@ -371,8 +378,9 @@ class CudaVmmTensorTransportProxy(_Base):
         with _own_lock(self):
             if self._consumer_acknowledged:
                 return
-            _ack(self._need_descriptor(), rank_spans(consumer_count, self.consumer_count,
-                                                     consumer_rank, acknowledge_ranks))
+            _consumer().ack(self._need_descriptor(),
+                            ranks=rank_chosen(consumer_count, self.consumer_count, consumer_rank,
+                                              acknowledge_ranks))
             self._consumer_acknowledged = True
 
     def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, *,
@@ -501,8 +509,8 @@ class _CudaVmmPackedTransportOwner:
                 return self.reconstruct_tensor
             if self._consumer_acknowledged:
                 raise RuntimeError("CUDA VMM tensor has already released its pool slice")
-            runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
-                              acknowledge_ranks)
+            ranks = rank_chosen(consumer_count, self.consumer_count, consumer_rank,
+                                acknowledge_ranks)
             flat = arrays.empty_bytes(max(1, self.data_nbytes), device,
                                       arrays.consumer_library(library), _on_device())
             with _leased_consumer() as consumer:
@@ -510,35 +518,40 @@ class _CudaVmmPackedTransportOwner:
                 try:
                     for d, off in zip(self.descriptors, self.offsets):
                         consumer.consume(d, device=device, out=flat[off:off + d.nbytes],
-                                         ranks=_span(runs[0]))
+                                         ranks=ranks)
                         done += 1
-                except Exception as error:
-                    # The group is acknowledged once every member is consumed or
-                    # dropped: drop the rest, by the consumer that took the group,
-                    # so the slice is not held for good.
-                    released = _release(self.descriptors[done], device, runs, error, consumer)
-                    for d in self.descriptors[done + 1:]:
-                        released = _release(d, device, runs, error, consumer) and released
-                    for d in self.descriptors[:done]:  # the other ranks of the consumed ones
-                        released = _release(d, device, runs[1:], error, consumer) and released
-                    self._consumer_acknowledged = released
+                except vmmt.Stale:
+                    if done == 0:  # refused whole: nothing taken, another set may be asked
+                        raise
+                    self._consumer_acknowledged = self._drop_from(done, device, ranks, consumer)
                     raise
-                for d in self.descriptors:
-                    _ack(d, runs[1:], device, consumer)
+                except Exception as error:
+                    self._consumer_acknowledged = self._drop_from(done, device, ranks, consumer,
+                                                                  error)
+                    raise
             self._consumer_acknowledged = True
             self.reconstruct_tensor, self._device = flat, device
             return flat
+
+    def _drop_from(self, done, device, ranks, consumer, error=None):
+        """The group is acknowledged once every member is consumed or
+        dropped: drop the members from `done` on, by the consumer that took
+        the group, so that the slice is not held for good."""
+        released = True
+        for d in self.descriptors[done:]:
+            released = _release(d, device, ranks, error, consumer) and released
+        return released
 
     def acknowledge_consumption(self, consumer_count=None, consumer_rank=None,
                                 acknowledge_ranks=None):
         with _own_lock(self):
             if self._consumer_acknowledged:
                 return
-            runs = rank_spans(consumer_count, self.consumer_count, consumer_rank,
-                              acknowledge_ranks)
+            ranks = rank_chosen(consumer_count, self.consumer_count, consumer_rank,
+                                acknowledge_ranks)
             with _leased_consumer() as consumer:
                 for d in self.descriptors:
-                    _ack(d, runs, consumer=consumer)
+                    consumer.ack(d, ranks=ranks)
             self._consumer_acknowledged = True
 
 

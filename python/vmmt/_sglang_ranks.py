@@ -127,26 +127,20 @@ def resolve(consumer_count, total, consumer_rank=None):
                      "count (%d); got %d" % (layout.attn_tp_size, total, consumer_count))
 
 
-def spans(consumer_count, total, consumer_rank=None, acknowledge_ranks=None):
-    """The ranks a call acknowledges for, as runs of consecutive ranks
-    [(first, count), ...]: `acknowledge_ranks` when given (sglang's newer
-    proxies name the ranks outright; any order, each once, each below
-    `total`), else the one run that `consumer_count` selects (resolve)."""
+def chosen(consumer_count, total, consumer_rank=None, acknowledge_ranks=None):
+    """The ranks a call consumes or acknowledges for, as the binding's ranks=
+    takes them: `acknowledge_ranks` when given (sglang's newer proxies name
+    the ranks outright; any order, each once, each below `total`), as a
+    tuple, which the binding takes or acknowledges whole or not at all
+    (vmmt_consume_ranks); else the range that `consumer_count` selects
+    (resolve)."""
     if acknowledge_ranks is None:
-        return [resolve(consumer_count, total, consumer_rank)]
+        first, count = resolve(consumer_count, total, consumer_rank)
+        return range(first, first + count)
     given = [_index("each of acknowledge_ranks", r) for r in acknowledge_ranks]
-    chosen = sorted(set(given))
-    if not chosen or len(chosen) != len(given) or any(not 0 <= r < total for r in chosen):
+    if not given or len(set(given)) != len(given) or any(not 0 <= r < total for r in given):
         raise ValueError("acknowledge_ranks=%r: give distinct ranks 0..%d"
                          % (acknowledge_ranks, total - 1))
-    runs = []
-    for r in chosen:
-        if runs and runs[-1][0] + runs[-1][1] == r:
-            runs[-1][1] += 1
-        else:
-            runs.append([r, 1])
-    # The consumer's own rank first: its run is the one the copy acknowledges.
     if consumer_rank is not None:
-        consumer_rank = _index("consumer_rank", consumer_rank)
-        runs.sort(key=lambda run: not run[0] <= consumer_rank < run[0] + run[1])
-    return [tuple(run) for run in runs]
+        _index("consumer_rank", consumer_rank)
+    return tuple(given)

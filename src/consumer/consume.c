@@ -18,85 +18,70 @@
 #include "desc.h"
 #include "driver.h"
 #include "chunk_map.h"
+#include "rank_set.h"
 #include "status.h"
 
 struct request {
     struct vmmt__desc d;
     struct imported *pool;
     CUstream stream;
-    uint32_t first, count; /* ranks */
-    int ack_now;           /* this call completes the slot for these ranks */
-    int gone;              /* check_occupant found the occupant gone from its slot */
-    int landed;            /* check_occupant found its bytes landed (the ready word held it) */
+    struct vmmt__ranks ranks; /* what the call is for: a run, or a list */
+    int ack_now;              /* this call completes the slot for these ranks */
+    int gone;                 /* check_occupant found the occupant gone from its slot */
+    int landed;               /* check_occupant found its bytes landed (the ready word held it) */
     uint64_t took[VMMT__MAX_CONSUMERS / 64]; /* ranks whose shared word this call took */
     /* A forgotten group's words, to give back after its stream (forget_groups_with). */
-    uint32_t back_first, back_count;
+    struct vmmt__ranks back;
 };
 
-static int resolve_ranks(const struct vmmt__desc *d, int first, int count, struct request *rq)
-{
-    if (first == VMMT_ALL_RANKS) {
-        rq->first = 0;
-        rq->count = d->consumer_count;
-        return VMMT_OK;
-    }
-    if (first < 0 || count <= 0 || (uint64_t)first + (uint64_t)count > d->consumer_count)
-        return vmmt__fail(VMMT_EINVAL,
-                          "ranks [%d, %d+%d) are outside the pool's %u consumer ranks; use "
-                          "0..%u or VMMT_ALL_RANKS",
-                          first, first, count, d->consumer_count, d->consumer_count - 1);
-    rq->first = (uint32_t)first;
-    rq->count = (uint32_t)count;
-    return VMMT_OK;
-}
+/* Each rank r of the set *s, lowest first. */
+#define FOR_RANKS(r, s) for (uint32_t r = (s)->lo; r < (s)->hi; r = vmmt__ranks_after((s), r))
 
-static int ranks_overlap(const struct slot_state *s, uint32_t first, uint32_t count)
+/* The ranks a call asked for: `list` (n of them) when not NULL, else the run [first, +n). */
+static int resolve_ranks(const struct vmmt__desc *d, const int *list, int first, int n,
+                         struct request *rq)
 {
-    for (uint32_t r = first; r < first + count; r++)
-        if (s->ranks_acked[r / 64] & (1ull << (r % 64))) return 1;
-    return 0;
-}
-
-static void mark_acked(struct slot_state *s, uint32_t first, uint32_t count)
-{
-    for (uint32_t r = first; r < first + count; r++)
-        s->ranks_acked[r / 64] |= 1ull << (r % 64);
+    if (list != NULL) return vmmt__ranks_list(&rq->ranks, list, n, d->consumer_count);
+    return vmmt__ranks_run(&rq->ranks, first, n, d->consumer_count);
 }
 
 static int fail_twice(const struct request *rq)
 {
+    char name[96];
+
     return vmmt__fail(VMMT_ESTATE,
                       "descriptor (slot %u, generation %u, member %u) was already consumed or "
-                      "acknowledged for ranks [%u, %u) in this process",
-                      rq->d.slot, rq->d.generation, rq->d.pack_index, rq->first,
-                      rq->first + rq->count);
+                      "acknowledged for ranks %s in this process",
+                      rq->d.slot, rq->d.generation, rq->d.pack_index,
+                      vmmt__ranks_name(&rq->ranks, name, sizeof name));
 }
 
-/* The group for this rank range, or a free one; NULL with an error if neither. */
+/* The group for this rank set, or a free one; NULL with an error if neither. */
 static struct pack_group *group_for(struct slot_state *s, const struct request *rq)
 {
     struct pack_group *free_group = NULL;
     uint64_t bit = 1ull << rq->d.pack_index;
+    char had[96], asked[96];
 
     for (int i = 0; i < PACK_GROUPS; i++) {
         struct pack_group *g = &s->groups[i];
-        /* Another range that shares a rank: the group's one acknowledgement
-         * is per range, so mixing ranges would copy a member twice for a rank
+        int same = g->members != 0 && vmmt__ranks_equal(&g->ranks, &rq->ranks);
+        /* Another set that shares a rank: the group's one acknowledgement
+         * is per set, so mixing sets would copy a member twice for a rank
          * or leave the group for ever partly consumed. */
-        if (g->members != 0 && (g->first != rq->first || g->count != rq->count) &&
-            rq->first < g->first + g->count && g->first < rq->first + rq->count) {
+        if (g->members != 0 && !same && vmmt__ranks_meet(&rq->ranks, g->ranks.bits)) {
             if (g->members & bit) {
                 fail_twice(rq);
                 return NULL;
             }
             vmmt__fail(VMMT_EINVAL,
-                       "members of packed slot %u are being consumed for ranks [%u, %u); "
-                       "consume every member of a packed group for the same ranks (asked "
-                       "[%u, %u))",
-                       rq->d.slot, g->first, g->first + g->count, rq->first, rq->first + rq->count);
+                       "members of packed slot %u are being consumed for ranks %s; consume "
+                       "every member of a packed group for the same ranks (asked %s)",
+                       rq->d.slot, vmmt__ranks_name(&g->ranks, had, sizeof had),
+                       vmmt__ranks_name(&rq->ranks, asked, sizeof asked));
             return NULL;
         }
-        if (g->members != 0 && g->first == rq->first && g->count == rq->count) {
+        if (same) {
             if (g->stream != rq->stream) {
                 vmmt__fail(VMMT_EINVAL,
                            "members of packed slot %u are being consumed on another stream; "
@@ -109,19 +94,18 @@ static struct pack_group *group_for(struct slot_state *s, const struct request *
         }
         if (g->members == 0 && free_group == NULL) free_group = g;
     }
-    if (ranks_overlap(s, rq->first, rq->count)) {
+    if (vmmt__ranks_meet(&rq->ranks, s->ranks_acked)) {
         fail_twice(rq);
         return NULL;
     }
     if (free_group == NULL) {
         vmmt__fail(VMMT_EINVAL,
-                   "packed slot %u is being consumed for more than %d rank ranges at once in "
-                   "this process; consume it with fewer distinct rank ranges",
+                   "packed slot %u is being consumed for more than %d rank sets at once in "
+                   "this process; consume it with fewer distinct rank sets",
                    rq->d.slot, PACK_GROUPS);
         return NULL;
     }
-    free_group->first = rq->first;
-    free_group->count = rq->count;
+    free_group->ranks = rq->ranks;
     free_group->stream = rq->stream;
     return free_group;
 }
@@ -201,16 +185,18 @@ static void forget_groups_with(struct request *rq, uint32_t r)
     for (int i = 0; i < PACK_GROUPS; i++) {
         struct pack_group *g = &s->groups[i];
         int held = row != NULL && g->stream == rq->stream;
-        if (g->members == 0 || r < g->first || r >= g->first + g->count) continue;
-        for (uint32_t k = g->first; held && k < g->first + g->count; k++)
-            held = vmmt__ctrl_load(&row[1 + k]) != rq->d.generation;
-        for (uint32_t k = g->first; k < g->first + g->count; k++) {
-            if (row != NULL && g->stream != rq->stream) give_back_word(rq, k);
-            s->ranks_taken[k / 64] &= ~(1ull << (k % 64));
+        if (g->members == 0 || !vmmt__ranks_has(&g->ranks, r)) continue;
+        FOR_RANKS(k, &g->ranks)
+        {
+            if (held) held = vmmt__ctrl_load(&row[1 + k]) != rq->d.generation;
         }
+        FOR_RANKS(k, &g->ranks)
+        {
+            if (row != NULL && g->stream != rq->stream) give_back_word(rq, k);
+        }
+        vmmt__ranks_mark(&g->ranks, s->ranks_taken, 0);
         if (row != NULL && g->stream == rq->stream) {
-            rq->back_first = g->first;
-            rq->back_count = g->count;
+            rq->back = g->ranks;
             /* Counted as a copy from now on, so that the pool cannot be evicted before. */
             __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
         }
@@ -260,8 +246,8 @@ static int claim(struct request *rq)
                           rq->d.slot, rq->d.generation, rq->d.pack_count, rq->d.slice_offset,
                           s->pack_count, s->slice_offset);
     if (rq->d.pack_count <= 1) {
-        if (ranks_overlap(s, rq->first, rq->count)) return fail_twice(rq);
-        mark_acked(s, rq->first, rq->count);
+        if (vmmt__ranks_meet(&rq->ranks, s->ranks_acked)) return fail_twice(rq);
+        vmmt__ranks_mark(&rq->ranks, s->ranks_acked, 1);
         rq->ack_now = 1;
         return VMMT_OK;
     }
@@ -272,7 +258,7 @@ static int claim(struct request *rq)
     g->members |= bit;
     if ((g->members & all) == all) {
         rq->ack_now = 1;
-        mark_acked(s, rq->first, rq->count);
+        vmmt__ranks_mark(&rq->ranks, s->ranks_acked, 1);
         memset(g, 0, sizeof *g);
         rq->pool->open_groups--;
     }
@@ -294,27 +280,25 @@ static void unclaim(vmmt_consumer *c, const struct request *rq)
     if (s->generation != rq->d.generation) goto out; /* a newer occupant took the state */
     /* A shared table's words this call took go back (take_words, below): nothing was
      * acknowledged, so another process of the rank may consume it. */
-    for (uint32_t r = rq->first; rq->pool->host_table && r < rq->first + rq->count; r++) {
-        if (!(rq->took[r / 64] & (1ull << (r % 64)))) continue;
+    FOR_RANKS(r, &rq->ranks)
+    {
+        if (!rq->pool->host_table || !(rq->took[r / 64] & (1ull << (r % 64)))) continue;
         give_back_word(rq, r);
         s->ranks_taken[r / 64] &= ~(1ull << (r % 64));
     }
-    if (rq->ack_now)
-        for (uint32_t r = rq->first; r < rq->first + rq->count; r++)
-            s->ranks_acked[r / 64] &= ~(1ull << (r % 64));
+    if (rq->ack_now) vmmt__ranks_mark(&rq->ranks, s->ranks_acked, 0);
     if (rq->d.pack_count <= 1) goto out;
     for (int i = 0; i < PACK_GROUPS; i++) {
         struct pack_group *g = &s->groups[i];
         if (rq->ack_now && g->members == 0) {
             /* The group was complete and cleared: every member but this one stays done. */
-            g->first = rq->first;
-            g->count = rq->count;
+            g->ranks = rq->ranks;
             g->stream = rq->stream;
             g->members = all & ~bit;
             rq->pool->open_groups++; /* partly consumed again: the import must stay */
             break;
         }
-        if (!rq->ack_now && g->members != 0 && g->first == rq->first && g->count == rq->count) {
+        if (!rq->ack_now && g->members != 0 && vmmt__ranks_equal(&g->ranks, &rq->ranks)) {
             g->members &= ~bit;
             if (g->members == 0) rq->pool->open_groups--;
             break;
@@ -429,7 +413,8 @@ static int taken_here(const struct request *rq, uint32_t r)
 /* Give back the words this call took (a failure after take_words). */
 static void give_back_words(struct request *rq)
 {
-    for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
+    FOR_RANKS(r, &rq->ranks)
+    {
         if (!(rq->took[r / 64] & (1ull << (r % 64)))) continue;
         give_back_word(rq, r);
         rq->took[r / 64] &= ~(1ull << (r % 64));
@@ -442,7 +427,8 @@ static int take_words(struct request *rq)
 
     if (!rq->pool->host_table) return VMMT_OK;
     row = shared_row(rq);
-    for (uint32_t r = rq->first; r < rq->first + rq->count; r++) {
+    FOR_RANKS(r, &rq->ranks)
+    {
         uint32_t cur = vmmt__ctrl_load(&row[1 + r]), ready;
         /* A later member of a group this process opened, unless it was cancelled since. */
         if (taken_here(rq, r) && cur != vmmt__ack_cancelled(gen)) continue;
@@ -487,8 +473,9 @@ static void keep_words(struct request *rq)
 static void give_back_after(vmmt_consumer *c, struct request *rq);
 
 /* copy: dst and dst_size name the destination; 0 for an acknowledgement alone. */
-static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int first, int count,
-                   int copy, uint64_t dst, uint64_t dst_size, CUstream stream, struct request *rq)
+static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, const int *list, int first,
+                   int count, int copy, uint64_t dst, uint64_t dst_size, CUstream stream,
+                   struct request *rq)
 {
     int st;
 
@@ -501,7 +488,7 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
         st = vmmt__fail(VMMT_EINVAL,
                         "this is the token of a reservation (vmmt_reserve), not a descriptor: "
                         "vmmt_commit it and hand out the descriptor that returns");
-    if (st == VMMT_OK) st = resolve_ranks(&rq->d, first, count, rq);
+    if (st == VMMT_OK) st = resolve_ranks(&rq->d, list, first, count, rq);
     if (st != VMMT_OK) return st;
     if (copy && (dst == 0 || dst_size < rq->d.nbytes || dst > UINT64_MAX - rq->d.nbytes))
         return vmmt__fail(VMMT_EINVAL,
@@ -532,9 +519,13 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, int firs
     }
     /* Before any copy or acknowledgement: should we die from here on, the producer knows
      * which ranks to release. Liveness is best effort; the consume does not depend on it. */
-    if (st == VMMT_OK && rq->pool->link != NULL &&
-        vmmt__broker_link_hold(rq->pool->link, rq->first, rq->count) != VMMT_OK)
-        vmmt__log(VMMT_LOG_INFO, "liveness link: %s", vmmt_last_error());
+    for (uint32_t r = 0, n = 0;
+         st == VMMT_OK && rq->pool->link != NULL && vmmt__ranks_next_run(&rq->ranks, &r, &n);
+         r += n)
+        if (vmmt__broker_link_hold(rq->pool->link, r, n) != VMMT_OK) {
+            vmmt__log(VMMT_LOG_INFO, "liveness link: %s", vmmt_last_error());
+            break;
+        }
     if (st == VMMT_OK) vmmt__cache_use(c, rq->pool);
     pthread_mutex_unlock(&c->lock);
     give_back_after(c, rq);
@@ -572,7 +563,7 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
 {
     struct imported *ip = rq->pool;
     CUdeviceptr row = ip->table + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot);
-    uint32_t words = 1 + rq->first + rq->count;
+    uint32_t words = 1 + rq->ranks.hi;
     const uint32_t *w = NULL;
     struct timespec until;
     int st = VMMT_OK;
@@ -581,13 +572,16 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
     if (ip->host_table) {
         w = ip->ctrl.host + vmmt__ctrl_ready(0, rq->d.slot_stride, rq->d.slot) / 4;
         *ready = vmmt__ctrl_load(&w[0]);
-        for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++) {
+        FOR_RANKS(r, &rq->ranks)
+        {
             uint32_t v = vmmt__ctrl_load(&w[1 + r]);
             /* Acknowledged, cancelled (even under this process's own take), or taken
              * by another process's consume (take_words). */
             if (v == rq->d.generation || v == vmmt__ack_cancelled(rq->d.generation) ||
-                (v == vmmt__gen_pending(rq->d.generation) && !taken_here(rq, r)))
+                (v == vmmt__gen_pending(rq->d.generation) && !taken_here(rq, r))) {
                 *acked = r;
+                break;
+            }
         }
         return VMMT_OK;
     }
@@ -597,8 +591,12 @@ static int load_row(vmmt_consumer *c, struct request *rq, uint32_t *ready, uint3
     if (st == VMMT_OK) st = vmmt__table_read_words(ip, row, words, &until, c->cfg.timeout_ms);
     if (st == VMMT_OK) {
         *ready = ip->poll_word[0];
-        for (uint32_t r = rq->first; r < rq->first + rq->count && *acked == UINT32_MAX; r++)
-            if (ip->poll_word[1 + r] == rq->d.generation) *acked = r;
+        FOR_RANKS(r, &rq->ranks)
+        {
+            if (ip->poll_word[1 + r] != rq->d.generation) continue;
+            *acked = r;
+            break;
+        }
     }
     pthread_mutex_unlock(&ip->poll_lock);
     return st;
@@ -774,7 +772,8 @@ static void deferred_ack_done(void *arg, int acked)
  */
 struct ack_note {
     struct imported *pool;
-    uint32_t slot, gen, stride, first, count;
+    uint32_t slot, gen, stride;
+    struct vmmt__ranks ranks;
     int timeout_ms;
     int64_t failing_since_ms; /* a device table's write failing since then; 0: it is not */
 };
@@ -795,7 +794,7 @@ struct ack_note {
 static int write_shared(void *arg)
 {
     const struct ack_note *n = arg;
-    uint32_t *first = n->pool->ctrl.host + vmmt__ctrl_ack(0, n->stride, n->slot, n->first) / 4;
+    uint32_t *words = n->pool->ctrl.host + vmmt__ctrl_ack(0, n->stride, n->slot, 0) / 4;
     const uint32_t *ready = n->pool->ctrl.host + vmmt__ctrl_ready(0, n->stride, n->slot) / 4;
 
     if (vmmt__ctrl_load(ready) != n->gen) {
@@ -804,12 +803,14 @@ static int write_shared(void *arg)
                   n->gen);
         return 0;
     }
-    for (uint32_t r = 0; r < n->count; r++)
-        if (!vmmt__ctrl_store_ack(&first[r], ready, n->gen) && vmmt__ctrl_load(ready) == n->gen)
+    FOR_RANKS(r, &n->ranks)
+    {
+        if (!vmmt__ctrl_store_ack(&words[r], ready, n->gen) && vmmt__ctrl_load(ready) == n->gen)
             vmmt__log(VMMT_LOG_WARN,
                       "acknowledgement of rank %u for slot %u generation %u lost a thousand "
                       "races for its word; its slice waits for vmmt_pool_release_rank",
-                      n->first + r, n->slot, n->gen);
+                      r, n->slot, n->gen);
+    }
     return 1;
 }
 
@@ -832,8 +833,8 @@ static int write_device(void *arg)
     int written = 0, st;
 
     vmmt__error_save(&e);
-    st = vmmt__table_write_acks(n->pool, n->slot, n->stride, n->first, n->count, n->gen,
-                                n->timeout_ms, &written);
+    st = vmmt__table_write_acks(n->pool, n->slot, n->stride, &n->ranks, n->gen, n->timeout_ms,
+                                &written);
     if (st != VMMT_OK && n->failing_since_ms == 0) {
         n->failing_since_ms = vmmt__now_ms();
         vmmt__log(VMMT_LOG_WARN,
@@ -876,8 +877,10 @@ static int give_back_shared(void *arg)
 {
     const struct ack_note *n = arg;
 
-    for (uint32_t r = n->first; r < n->first + n->count; r++)
+    FOR_RANKS(r, &n->ranks)
+    {
         give_back_at(n->pool, n->stride, n->slot, n->gen, r);
+    }
     return 1;
 }
 
@@ -890,13 +893,18 @@ static int give_back_shared(void *arg)
  */
 static void give_back_after(vmmt_consumer *c, struct request *rq)
 {
-    struct ack_note now = {rq->pool,       rq->d.slot,     rq->d.generation,  rq->d.slot_stride,
-                           rq->back_first, rq->back_count, c->cfg.timeout_ms, 0},
+    struct ack_note now = {rq->pool,
+                           rq->d.slot,
+                           rq->d.generation,
+                           rq->d.slot_stride,
+                           rq->back,
+                           c->cfg.timeout_ms,
+                           0},
                     *note;
     struct vmmt__saved_error e;
 
-    if (rq->back_count == 0) return;
-    rq->back_count = 0;
+    if (rq->back.hi == 0) return;
+    memset(&rq->back, 0, sizeof rq->back);
     vmmt__error_save(&e);
     note = malloc(sizeof *note);
     if (note != NULL) {
@@ -944,8 +952,13 @@ static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
 static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int after_copy,
                       int *written)
 {
-    struct ack_note now = {rq->pool,  rq->d.slot, rq->d.generation,  rq->d.slot_stride,
-                           rq->first, rq->count,  c->cfg.timeout_ms, 0},
+    struct ack_note now = {rq->pool,
+                           rq->d.slot,
+                           rq->d.generation,
+                           rq->d.slot_stride,
+                           rq->ranks,
+                           c->cfg.timeout_ms,
+                           0},
                     *note;
     int st;
 
@@ -956,7 +969,7 @@ static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int afte
             *written = 1;
             return VMMT_OK;
         }
-        return vmmt__table_write_acks(rq->pool, now.slot, now.stride, now.first, now.count, now.gen,
+        return vmmt__table_write_acks(rq->pool, now.slot, now.stride, &now.ranks, now.gen,
                                       now.timeout_ms, written);
     }
     note = malloc(sizeof *note);
@@ -970,66 +983,84 @@ static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int afte
     return st;
 }
 
-int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t dst,
-                 uint64_t dst_size, void *stream, int rank_first, int rank_count)
+/* vmmt_consume and vmmt_consume_ranks: ranks `list` (n of them), or the run [first, +n). */
+static int consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t dst,
+                   uint64_t dst_size, CUstream stream, const int *list, int first, int n,
+                   const char *call)
 {
     struct request rq;
     CUresult r;
     int st, ack_st, queued = 0, written = 0;
 
     if (c == NULL || desc == NULL)
-        return vmmt__fail(VMMT_EINVAL, "vmmt_consume: consumer and descriptor must not be NULL");
+        return vmmt__fail(VMMT_EINVAL, "%s: consumer and descriptor must not be NULL", call);
     st = vmmt__ctx_enter(device);
-    if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_consume");
-    st = prepare(c, desc, device, rank_first, rank_count, 1, dst, dst_size, (CUstream)stream, &rq);
+    if (st != VMMT_OK) return vmmt__wrap(st, "%s", call);
+    st = prepare(c, desc, device, list, first, n, 1, dst, dst_size, stream, &rq);
     if (st != VMMT_OK) {
         vmmt__ctx_leave();
-        return vmmt__wrap(st, "vmmt_consume");
+        return vmmt__wrap(st, "%s", call);
     }
-    st = wait_ready(c, &rq, (CUstream)stream, &queued);
+    st = wait_ready(c, &rq, stream, &queued);
     if (st != VMMT_OK) {
         /* The occupant's bytes are not known to be there: acknowledge nothing,
          * and let the caller retry (the producer may be slow, not gone). */
         unclaim(c, &rq);
         done(c, &rq);
         vmmt__ctx_leave();
-        return vmmt__wrap(st, "vmmt_consume");
+        return vmmt__wrap(st, "%s", call);
     }
-    r = vmmt__drv()->cuMemcpyDtoDAsync(dst, rq.pool->map.base + rq.d.offset, rq.d.nbytes,
-                                       (CUstream)stream);
+    r = vmmt__drv()->cuMemcpyDtoDAsync(dst, rq.pool->map.base + rq.d.offset, rq.d.nbytes, stream);
     if (r != CUDA_SUCCESS)
         st = vmmt__cu_fail(r, "cuMemcpyDtoDAsync(%" PRIu64 " bytes out of the pool)", rq.d.nbytes);
     /* A packed member's copy without the group's acknowledgement yet: the
      * pool stays mapped until the copy is done. */
-    if (st == VMMT_OK && !rq.ack_now) st = track_copy(c, &rq, (CUstream)stream);
+    if (st == VMMT_OK && !rq.ack_now) st = track_copy(c, &rq, stream);
     /* Acknowledge even after a failed copy, so the producer gets the slice
      * back. An acknowledgement that could not be written is taken back, so
      * the descriptor can be consumed again. */
     if (rq.ack_now) {
         struct vmmt__saved_error e;
         vmmt__error_save(&e);
-        ack_st = write_acks(c, &rq, (CUstream)stream, 1, &written);
+        ack_st = write_acks(c, &rq, stream, 1, &written);
         if (!written) unclaim(c, &rq);
         if (st != VMMT_OK) vmmt__error_restore(&e);
         if (st == VMMT_OK) st = ack_st;
     }
     done(c, &rq);
     vmmt__ctx_leave();
-    return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "vmmt_consume");
+    return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "%s", call);
 }
 
-int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void *stream,
-                      int rank_first, int rank_count)
+int vmmt_consume(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t dst,
+                 uint64_t dst_size, void *stream, int rank_first, int rank_count)
+{
+    return consume(c, desc, device, dst, dst_size, (CUstream)stream, NULL, rank_first, rank_count,
+                   "vmmt_consume");
+}
+
+int vmmt_consume_ranks(vmmt_consumer *c, const vmmt_desc *desc, int device, uint64_t dst,
+                       uint64_t dst_size, void *stream, const int *ranks, int nranks)
+{
+    /* A NULL list is the caller's error here, not a request for a run. */
+    if (ranks == NULL)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_consume_ranks: the rank list must not be NULL");
+    return consume(c, desc, device, dst, dst_size, (CUstream)stream, ranks, 0, nranks,
+                   "vmmt_consume_ranks");
+}
+
+/* vmmt_consumer_ack and vmmt_consumer_ack_ranks, as consume above. */
+static int ack(vmmt_consumer *c, const vmmt_desc *desc, int device, CUstream stream,
+               const int *list, int first, int n, const char *call)
 {
     struct request rq;
     int st;
 
     if (c == NULL || desc == NULL)
-        return vmmt__fail(VMMT_EINVAL,
-                          "vmmt_consumer_ack: consumer and descriptor must not be NULL");
+        return vmmt__fail(VMMT_EINVAL, "%s: consumer and descriptor must not be NULL", call);
     st = vmmt__ctx_enter(device);
-    if (st != VMMT_OK) return vmmt__wrap(st, "vmmt_consumer_ack");
-    st = prepare(c, desc, device, rank_first, rank_count, 0, 0, 0, (CUstream)stream, &rq);
+    if (st != VMMT_OK) return vmmt__wrap(st, "%s", call);
+    st = prepare(c, desc, device, list, first, n, 0, 0, 0, stream, &rq);
     if (st == VMMT_OK) {
         int queued = 0, written = 0;
         /* Even a dropped descriptor is acknowledged only once its bytes
@@ -1041,7 +1072,7 @@ int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void 
         if (rq.ack_now && rq.pool->host_table)
             st = host_wait(c, &rq, 0);
         else if (rq.ack_now)
-            st = wait_ready(c, &rq, (CUstream)stream, &queued);
+            st = wait_ready(c, &rq, stream, &queued);
         /* Completing a packed group may follow copies of other members on this
          * stream. A device table's acknowledgement always goes to the acker,
          * even with nothing queued before it: the acker tries a failed stream
@@ -1049,13 +1080,28 @@ int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void 
          * the failure acknowledged and the call not retryable
          * (test_ack_generations, test_failed_ack_write_retry). */
         if (rq.ack_now && st == VMMT_OK)
-            st = write_acks(c, &rq, (CUstream)stream,
-                            rq.d.pack_count > 1 || queued || !rq.pool->host_table, &written);
+            st = write_acks(c, &rq, stream, rq.d.pack_count > 1 || queued || !rq.pool->host_table,
+                            &written);
         if (rq.ack_now && !written) unclaim(c, &rq);
         done(c, &rq);
     }
     vmmt__ctx_leave();
-    return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "vmmt_consumer_ack");
+    return st == VMMT_OK ? VMMT_OK : vmmt__wrap(st, "%s", call);
+}
+
+int vmmt_consumer_ack(vmmt_consumer *c, const vmmt_desc *desc, int device, void *stream,
+                      int rank_first, int rank_count)
+{
+    return ack(c, desc, device, (CUstream)stream, NULL, rank_first, rank_count,
+               "vmmt_consumer_ack");
+}
+
+int vmmt_consumer_ack_ranks(vmmt_consumer *c, const vmmt_desc *desc, int device, void *stream,
+                            const int *ranks, int nranks)
+{
+    if (ranks == NULL)
+        return vmmt__fail(VMMT_EINVAL, "vmmt_consumer_ack_ranks: the rank list must not be NULL");
+    return ack(c, desc, device, (CUstream)stream, ranks, 0, nranks, "vmmt_consumer_ack_ranks");
 }
 
 int vmmt_consumer_flush(vmmt_consumer *c)

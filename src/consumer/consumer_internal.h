@@ -15,16 +15,17 @@
 #include "ctrl.h"
 #include "cuabi.h"
 #include "desc.h"
+#include "rank_set.h"
 #include "vmm.h"
 #include "vmmt.h"
 
 /*
- * A packed group being consumed for one rank range: which members are done
+ * A packed group being consumed for one rank set: which members are done
  * and the stream they were copied on. Its acknowledgement goes on that
  * stream after the last member, so it can never overtake a member's copy.
  */
 struct pack_group {
-    uint32_t first, count;
+    struct vmmt__ranks ranks;
     uint64_t members;
     CUstream stream;
 };
@@ -132,13 +133,13 @@ int vmmt__table_read_words(const struct imported *ip, CUdeviceptr word, uint32_t
                            const struct timespec *until, int timeout_ms);
 
 /*
- * Acknowledge `gen` for ranks [first, first + count) of `slot` in a device
- * table, only while its ready word shows gen (read first); *written 1 once
- * they have landed, 0 when the slot had moved on (nothing written) or on a
- * failure, which is returned. Takes the context and poll_lock.
+ * Acknowledge `gen` for `ranks` of `slot` in a device table, only while its
+ * ready word shows gen (read first); *written 1 once they have landed, 0 when the slot had moved on
+ * (nothing written) or on a failure, which is returned. Takes the context and poll_lock.
  */
-int vmmt__table_write_acks(struct imported *ip, uint32_t slot, uint32_t stride, uint32_t first,
-                           uint32_t count, uint32_t gen, int timeout_ms, int *written);
+int vmmt__table_write_acks(struct imported *ip, uint32_t slot, uint32_t stride,
+                           const struct vmmt__ranks *ranks, uint32_t gen, int timeout_ms,
+                           int *written);
 
 /* A device table's ready word of `slot`, within timeout_ms; takes the context and poll_lock. */
 int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, int timeout_ms,

@@ -107,8 +107,9 @@ int vmmt__table_read_ready(struct imported *ip, uint32_t slot, uint32_t stride, 
  * in which the occupant would have to be taken back, recycled, given out
  * again and acknowledged by another process.
  */
-int vmmt__table_write_acks(struct imported *ip, uint32_t slot, uint32_t stride, uint32_t first,
-                           uint32_t count, uint32_t gen, int timeout_ms, int *written)
+int vmmt__table_write_acks(struct imported *ip, uint32_t slot, uint32_t stride,
+                           const struct vmmt__ranks *ranks, uint32_t gen, int timeout_ms,
+                           int *written)
 {
     const struct vmmt_drv *d = vmmt__drv();
     struct timespec until;
@@ -122,7 +123,8 @@ int vmmt__table_write_acks(struct imported *ip, uint32_t slot, uint32_t stride, 
     pthread_mutex_lock(&ip->poll_lock);
     st = read_ready_locked(ip, slot, stride, &until, timeout_ms, &ready);
     if (st == VMMT_OK && ready == gen) {
-        for (uint32_t r = first; r < first + count && st == VMMT_OK; r++)
+        for (uint32_t r = ranks->lo; r < ranks->hi && st == VMMT_OK;
+             r = vmmt__ranks_after(ranks, r))
             st = VMMT_CU(d, cuStreamWriteValue32(ip->poll_stream,
                                                  ip->table + vmmt__ctrl_ack(0, stride, slot, r),
                                                  gen, CU_STREAM_WRITE_VALUE_DEFAULT));

@@ -422,6 +422,40 @@ static int poison_intact(struct cons *k, CUstream *s, CUdeviceptr at)
     return 1;
 }
 
+/* The ranks of c->list as the list vmmt_consume_ranks takes; their count. */
+static int rank_list(const struct mt_cmd *c, int *ranks)
+{
+    int n = 0;
+
+    for (int r = 0; r < 16; r++)
+        if (c->list & (1u << r)) ranks[n++] = r;
+    for (int i = 0; (c->list & MT_LIST_DOWN) && i < n / 2; i++) {
+        int t = ranks[i];
+        ranks[i] = ranks[n - 1 - i];
+        ranks[n - 1 - i] = t;
+    }
+    if (c->list & MT_LIST_TWICE) ranks[n++] = ranks[0];
+    return n;
+}
+
+static int consume_for(struct cons *k, const struct mt_cmd *c, CUdeviceptr at, CUstream s)
+{
+    int ranks[17], n;
+
+    if (c->list == 0) return vmmt_consume(k->c, &c->desc, 0, at, k->unit, s, c->first, c->count);
+    n = rank_list(c, ranks);
+    return vmmt_consume_ranks(k->c, &c->desc, 0, at, k->unit, s, ranks, n);
+}
+
+static int ack_for(struct cons *k, const struct mt_cmd *c, CUstream s)
+{
+    int ranks[17], n;
+
+    if (c->list == 0) return vmmt_consumer_ack(k->c, &c->desc, 0, s, c->first, c->count);
+    n = rank_list(c, ranks);
+    return vmmt_consumer_ack_ranks(k->c, &c->desc, 0, s, ranks, n);
+}
+
 static void c_consume(struct cons *k, const struct mt_cmd *c, struct mt_reply *r)
 {
     int defer = c->flags & MT_F_DEFER, id = -1;
@@ -436,7 +470,7 @@ static void c_consume(struct cons *k, const struct mt_cmd *c, struct mt_reply *r
     }
     if (k->d->cuMemsetD8Async(at, MT_POISON, k->unit, *s) != CUDA_SUCCESS)
         die("consumer", "poison");
-    note(r, vmmt_consume(k->c, &c->desc, 0, at, k->unit, *s, c->first, c->count));
+    note(r, consume_for(k, c, at, *s));
     if (r->status == VMMT_OK && defer) {
         k->dused[id] = 1;
         k->duid[id] = c->uid[0];
@@ -568,8 +602,7 @@ int mt_consumer_main(int timeout_ms, uint64_t unit)
         switch (c.op) {
         case C_CONSUME: c_consume(&k, &c, &r); break;
         case C_ACK:
-            note(&r, vmmt_consumer_ack(k.c, &c.desc, 0, (c.flags & MT_F_DEFER) ? k.b : k.a, c.first,
-                                       c.count));
+            note(&r, ack_for(&k, &c, (c.flags & MT_F_DEFER) ? k.b : k.a));
             if (!(c.flags & MT_F_DEFER)) r.stream_ok = sync_or_renew(&k, &k.a);
             break;
         case C_VERIFY: c_verify(&k, &c, &r); break;

@@ -92,6 +92,10 @@ static const char *const kind_names[K_COUNT] = {"host_table", "device_table", "s
     X(forged_geometry, "forged geometries refused", 1)                                             \
     X(token, "reservation tokens refused by consumers", 1)                                         \
     X(bad_ranks, "rank ranges outside the pool refused", 1)                                        \
+    X(bad_list, "rank lists outside the pool or naming a rank twice refused", 1)                   \
+    X(list, "consumes and acknowledgements for a rank list", 1)                                    \
+    X(list_gap, "of those, ranks not consecutive", 1)                                              \
+    X(list_refused_part, "list calls refused where some of the ranks still owed it", 1)            \
     X(check_ok, "checks OK", 1)                                                                    \
     X(check_failed, "checks VMMT_EFAILED after a producer died mid-copy", 2)                       \
     X(check_released, "checks VMMT_EFAILED after a rank of the copy was released", 0)              \
@@ -462,23 +466,42 @@ static int popcount(unsigned x)
     return __builtin_popcount(x);
 }
 
-static void mask_to_range(unsigned mask, unsigned all, int *first, int *count)
+static int is_run(unsigned mask)
 {
-    if (mask == all && below(3) == 0) {
-        *first = VMMT_ALL_RANKS;
-        *count = 0;
-        return;
-    }
-    *first = __builtin_ctz(mask);
-    *count = popcount(mask);
+    unsigned low = mask >> __builtin_ctz(mask);
+    return (low & (low + 1)) == 0;
 }
 
-/* Ranks for a replay or forgery: one of the seat's, all of them, or any range. */
+/*
+ * The call's ranks: a run (first, count, or VMMT_ALL_RANKS), or a list
+ * (vmmt_consume_ranks), which ranks that are not consecutive need and any
+ * set may take, in either order. The model judges a set, whichever way it
+ * is asked: all of it or none (a refusal leaves every rank of it as it was).
+ */
+static void set_ranks(struct mt_cmd *c, unsigned mask, unsigned all, int list)
+{
+    if (list || !is_run(mask) || below(4) == 0) {
+        c->list = mask | (below(2) ? MT_LIST_DOWN : 0);
+        R.ctr[CTR_list]++;
+        if (!is_run(mask)) R.ctr[CTR_list_gap]++;
+        return;
+    }
+    if (mask == all && below(3) == 0) {
+        c->first = VMMT_ALL_RANKS;
+        c->count = 0;
+        return;
+    }
+    c->first = __builtin_ctz(mask);
+    c->count = popcount(mask);
+}
+
+/* Ranks for a replay or forgery: one of the seat's, all of them, any set, or any range. */
 static unsigned pick_ranks(int ranks, unsigned role)
 {
     unsigned all = (1u << ranks) - 1;
-    uint64_t d = below(10);
+    uint64_t d = below(12);
     if (d < 2) return all;
+    if (d >= 10) return 1u + (unsigned)below(all); /* 1..all */
     if (d < 6 && (role & all)) {
         int r;
         do
@@ -677,7 +700,7 @@ static int real_call(int s, int rec, int member, unsigned Rm, int ack, int flags
 
     if (m_conflicts(&M, rec, Rm, s)) fatal("driver: a call the model cannot judge");
     cmd_init(&c, ack ? C_ACK : C_CONSUME);
-    mask_to_range(Rm, m_all(in), &c.first, &c.count);
+    set_ranks(&c, Rm, m_all(in), flags & MT_F_LIST);
     /* A deferred refusal's destination is not read back: its stream may be held by a gate. */
     c.flags = flags | ((flags & MT_F_DEFER) ? 0 : MT_F_POISON);
     c.uid[0] = r->uid[member];
@@ -705,6 +728,11 @@ static int real_call(int s, int rec, int member, unsigned Rm, int ack, int flags
     }
     if (st != VMMT_OK) {
         note_refusal(st);
+        /* The model holds the ranks of a refused set as they were: a later call for the
+         * ones still owing must be OK, so a refusal that did some of them is found. */
+        if (c.list != 0 && st == VMMT_ESTATE && r->state == M_LIVE && (r->acked & Rm) != 0 &&
+            (r->acked & Rm) != Rm)
+            R.ctr[CTR_list_refused_part]++;
         if (!ack && (st == VMMT_ESTATE || st == VMMT_EPROTO || st == VMMT_EINVAL) && !rep.poison_ok)
             finding("%s: a consume refused with %s wrote into the destination (%s)", what,
                     st_name(st), rep.msg);
@@ -1156,10 +1184,9 @@ static int op_work(void)
     s = holder_of(rank);
     if (s < 0) return 0;
     Rm = 1u << rank;
-    /* Sometimes the seat's whole range, when none of it acknowledged yet. */
-    if (below(4) == 0 && (M.seat[s].role & m_rec(&M, rec)->acked) == 0 &&
-        (M.seat[s].role & (M.seat[s].role + (M.seat[s].role & -M.seat[s].role))) == 0)
-        Rm = M.seat[s].role;
+    /* Sometimes the seat's whole role, when none of it acknowledged yet: a list where its
+     * ranks are not consecutive. */
+    if (below(4) == 0 && (M.seat[s].role & m_rec(&M, rec)->acked) == 0) Rm = M.seat[s].role;
     Rm = keep_group_ranks(rec, Rm, s);
     if (m_rec(&M, rec)->acked & Rm) return 0;
     member = next_member(rec, s, Rm);
@@ -1195,6 +1222,31 @@ static int op_replay(void)
     return 1;
 }
 
+/*
+ * A list of ranks some of which acknowledged a LIVE record and some not, from
+ * a process with no group of it open: refused whole (VMMT_ESTATE), and the
+ * model keeps the others owing, so that their later consumes must be OK (a
+ * call that did some of them is found there: vmmt.sglang's acknowledge_ranks,
+ * an outside attack of 2026-12-07).
+ */
+static int op_list_part(void)
+{
+    int rec = random_live(1), s = live_seat_random();
+    unsigned all, done, owed, Rm;
+    struct m_rec *r;
+
+    if (rec < 0 || s < 0 || skipped("list_part")) return 0;
+    r = m_rec(&M, rec);
+    all = m_all(&M.inst[r->inst]);
+    done = r->acked & all;
+    owed = all & ~r->acked;
+    if (done == 0 || owed == 0 || m_prog_ranks(&M, rec, s, NULL) != 0) return 0;
+    Rm = (done & -done) | owed; /* one done rank and every owing one */
+    if (below(2)) Rm = done | (owed & -owed);
+    real_call(s, rec, (int)below((uint64_t)r->members), Rm, below(2), MT_F_LIST, "list_part");
+    return 1;
+}
+
 static int op_bad_ranks(void)
 {
     int rec = random_live(1), s = live_seat_random();
@@ -1203,13 +1255,23 @@ static int op_bad_ranks(void)
     cmd_init(&c, below(2) ? C_CONSUME : C_ACK);
     c.first = cur()->ranks + (int)below(3);
     c.count = 1;
+    /* A list: one rank outside the pool among good ones, or a good one listed twice. */
+    if (below(2)) {
+        c.list = (unsigned)below(m_all(cur()) + 1);
+        if (below(2))
+            c.list |= 1u << (cur()->ranks + (int)below(3));
+        else
+            c.list |= MT_LIST_TWICE | 1u;
+        c.list |= below(2) ? MT_LIST_DOWN : 0;
+    }
     c.desc = m_rec(&M, rec)->desc[0];
     c.nbytes[0] = m_rec(&M, rec)->nbytes[0];
     call(&R.cons[s], &c);
     if (rep.status != VMMT_EINVAL)
-        finding("a consume for rank %d of a pool of %d ranks answered %s, not VMMT_EINVAL", c.first,
-                cur()->ranks, st_name(rep.status));
-    R.ctr[CTR_bad_ranks]++;
+        finding("a consume for ranks %s (list %#x) of a pool of %d ranks answered %s, not "
+                "VMMT_EINVAL: %s",
+                c.list ? "listed" : "a range", c.list, cur()->ranks, st_name(rep.status), rep.msg);
+    R.ctr[c.list ? CTR_bad_list : CTR_bad_ranks]++;
     return 1;
 }
 
@@ -1309,7 +1371,7 @@ static int op_forge(void)
     }
     (void)named_prog;
     cmd_init(&c, below(5) == 0 ? C_ACK : C_CONSUME);
-    mask_to_range(Rm, m_all(in), &c.first, &c.count);
+    set_ranks(&c, Rm, m_all(in), 0);
     c.flags = MT_F_NOCHECK | MT_F_POISON;
     c.desc = d;
     c.nbytes[0] = r->nbytes[member];
@@ -2172,13 +2234,13 @@ static int op_gated_open(void)
 }
 
 static const struct op normal_ops[] = {
-    {op_publish, 14},     {op_packed, 7},        {op_reserve, 3}, {op_commit, 4},
-    {op_commit_again, 1}, {op_res_cancel, 1},    {op_cancel, 2},  {op_cancel_replay, 1},
-    {op_work, 34},        {op_drop, 2},          {op_replay, 9},  {op_forge, 9},
-    {op_token, 1},        {op_bad_ranks, 1},     {op_check, 2},   {op_evict, 2},
-    {op_evict_old, 1},    {op_kill_consumer, 1}, {op_release, 1}, {op_reclaim, 1},
-    {op_stats, 2},        {op_gated_open, 2},    {op_quiesce, 2}, {op_chunk_cycle, 1},
-    {op_flush, 2},        {op_cancel_taken, 2},
+    {op_publish, 14},     {op_packed, 7},        {op_reserve, 3},   {op_commit, 4},
+    {op_commit_again, 1}, {op_res_cancel, 1},    {op_cancel, 2},    {op_cancel_replay, 1},
+    {op_work, 34},        {op_drop, 2},          {op_replay, 9},    {op_forge, 9},
+    {op_token, 1},        {op_bad_ranks, 1},     {op_check, 2},     {op_evict, 2},
+    {op_evict_old, 1},    {op_kill_consumer, 1}, {op_release, 1},   {op_reclaim, 1},
+    {op_stats, 2},        {op_gated_open, 2},    {op_quiesce, 2},   {op_chunk_cycle, 1},
+    {op_flush, 2},        {op_cancel_taken, 2},  {op_list_part, 2},
 };
 
 static const struct op after_ops[] = {

@@ -57,6 +57,11 @@ enum mt_op {
 #define MT_F_DEFER   8  /* consume on the deferred stream, verify later (C_VERIFY) */
 #define MT_F_NOCHECK 16 /* a forged descriptor: no bytes to compare */
 #define MT_F_POISON  32 /* check that a refusal wrote nothing into the destination */
+#define MT_F_LIST    64 /* the driver's: ask the ranks as a list (mt_cmd.list), even a run */
+
+#define MT_LIST_DOWN  (1u << 30)
+#define MT_LIST_TWICE (1u << 29)
+#define MT_LIST_RANKS 0xffffu
 
 enum mt_wait { MT_WAIT_IDLE = 1, MT_WAIT_RELEASES, MT_WAIT_CHUNK_RELEASED };
 
@@ -75,7 +80,10 @@ struct mt_cmd {
     uint64_t uid[MT_MAX_MEMBERS];
     uint64_t nbytes[MT_MAX_MEMBERS];
     uint8_t typed[MT_MAX_MEMBERS];
-    uint8_t pad[4];
+    /* A consume or ack for a rank list (vmmt_consume_ranks): bit r for rank r, MT_LIST_DOWN for
+     * the list in descending order, MT_LIST_TWICE for its first rank listed again (refused);
+     * 0: the run first, count. */
+    uint32_t list;
     struct mt_params params;
     vmmt_desc desc;
 };
