@@ -872,16 +872,27 @@ static void ack_done(void *arg, int acked)
     __atomic_sub_fetch(&ip->copies, 1, __ATOMIC_RELEASE);
 }
 
-/* A forgotten group's words back (forget_groups_with), once its copies are done: acker. */
+/*
+ * A forgotten group's words back (forget_groups_with), once its copies are
+ * done: acker. Its copies read the occupant's bytes only if the slot still
+ * shows it now, as write_shared judges: the words held the slice, unless a
+ * release wrote the generation over them meanwhile, and then the slice may
+ * have gone to the next publish, slot and all, under the copies (the model
+ * test, a release while a refused half group's copies were held: check said
+ * OK for another buffer's bytes). 0 then, so that vmmt_consumer_check says
+ * VMMT_EFAILED.
+ */
 static int give_back_shared(void *arg)
 {
     const struct ack_note *n = arg;
+    const uint32_t *ready = n->pool->ctrl.host + vmmt__ctrl_ready(0, n->stride, n->slot) / 4;
+    int held = vmmt__ctrl_load(ready) == n->gen;
 
     FOR_RANKS(r, &n->ranks)
     {
         give_back_at(n->pool, n->stride, n->slot, n->gen, r);
     }
-    return 1;
+    return held;
 }
 
 /*

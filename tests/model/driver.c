@@ -76,6 +76,8 @@ static const char *const kind_names[K_COUNT] = {"host_table", "device_table", "s
     X(cancel_taken, "cancels of descriptors a consumer's gated copy had taken", 1)                 \
     X(cancel_taken_held, "of those, the pool full until the copy was acknowledged", 8)             \
     X(cancel_taken_half, "of those, half groups refused their next member", 1)                     \
+    X(cancel_taken_released, "of those, the taker's rank released while its copies were held", 1)  \
+    X(cancel_taken_killed, "of those, the taker killed while its copies were held", 1)             \
     X(check_cancel_failed, "checks VMMT_EFAILED of a copy whose slice the cancel freed", 0)        \
     X(consume_ok, "consumes OK, bytes checked", 1)                                                 \
     X(ack_ok, "acknowledgements without consume OK", 1)                                            \
@@ -1783,7 +1785,7 @@ static int op_cancel_taken(void)
 {
     int members = below(2) == 0 ? 2 + (int)below(MT_MAX_MEMBERS - 1) : 1;
     int cand[MT_MAX_SEATS], n = 0, s, rank, rec, upto, took = 0, half, held, late, strict;
-    int other_stream = 0;
+    int other_stream = 0, fate;
     struct m_rec *r;
     struct mt_cmd c;
 
@@ -1825,6 +1827,8 @@ static int op_cancel_taken(void)
         rec, r->slot, r->gen, s, rank, took, members, held ? ": held" : "");
     R.ctr[CTR_cancel_taken]++;
     late = half && below(2) == 0;
+    /* While the copies are held: 0, the engine releases the taker's rank; 1, the taker dies. */
+    fate = (int)below(8);
     if (half && !late) {
         other_stream = below(3) == 0;
         real_call(s, rec, took, 1u << rank, 0, other_stream ? 0 : MT_F_DEFER,
@@ -1841,6 +1845,24 @@ static int op_cancel_taken(void)
         if (do_publish(1, 0) < 0) R.ctr[CTR_cancel_taken_held]++;
     } else if (!held && m_room(&M) && below(2) == 0) {
         do_publish(1, 0); /* may take the freed slice under the queued copy */
+    }
+    if (fate == 0) {
+        /* The engine's call to make (vmmt.h): the slice comes back at once, and a
+         * publish may take it under the copies, whose checks then tell. */
+        do_release(rank);
+        if (held) m_let_go(&M, rec);
+        held = strict = 0;
+        if (m_room(&M)) do_publish(1, 0);
+        R.ctr[CTR_cancel_taken_released]++;
+    } else if (fate == 1) {
+        /* Its copies die with it; the pool (or the engine) releases its rank, which must
+         * give the slice back: one left CANCELLED would stay in flight for good. */
+        R.ndef = 0;
+        m_pin(&M, rec, 0);
+        kill_consumer(s, 1);
+        if (held) m_let_go(&M, rec);
+        R.ctr[CTR_cancel_taken_killed]++;
+        return 1;
     }
     seat_gate(s, 1);
     for (int i = 0; i < R.ndef; i++) {

@@ -79,6 +79,45 @@ def test_packed_members_share_one_cuda_buffer():
         vs._imported_pool_cache_clear()
 
 
+def test_acknowledge_ranks_lists_all_or_nothing():
+    """acknowledge_ranks names ranks that are not consecutive: one consume for
+    all of them (vmmt_consume_ranks), or, one of them done already, none, and
+    the rank may then rebuild alone; single and packed, device and host pools."""
+    need_gpu()
+    for kind in ("device", "host"):
+        p = pool(kind, consumers=4)
+        try:
+            src = torch.arange(4096, dtype=torch.int32, device="cuda")
+            proxy = pickle.loads(pickle.dumps(p.wrap_tensor(src)))
+            proxy.acknowledge_consumption(acknowledge_ranks=[3])
+            wire = pickle.loads(pickle.dumps(proxy))
+            try:
+                wire.reconstruct_on_target_device(0, consumer_rank=0, acknowledge_ranks=[3, 0])
+            except vmmt.Stale:
+                pass
+            else:
+                raise AssertionError("a list with a done rank was consumed")
+            t = wire.reconstruct_on_target_device(0, consumer_rank=0, acknowledge_ranks=[2, 0])
+            torch.cuda.synchronize(0)
+            assert torch.equal(t, src), kind
+            assert not drained(p)
+            pickle.loads(pickle.dumps(proxy)).acknowledge_consumption(acknowledge_ranks=[1])
+            assert drained(p), (kind, p.stats())
+            sources = [torch.arange(9, dtype=torch.float32, device="cuda"),
+                       torch.arange(5, dtype=torch.int64, device="cuda")]
+            members = pickle.loads(pickle.dumps(p.wrap_tensors(sources)))
+            got = [m.reconstruct_on_target_device(0, consumer_rank=1, acknowledge_ranks=[3, 1])
+                   for m in members]
+            torch.cuda.synchronize(0)
+            assert all(torch.equal(g, s) for g, s in zip(got, sources)), kind
+            pickle.loads(pickle.dumps(members[0])).release_without_reconstruction(
+                acknowledge_ranks=[0, 2])
+            assert drained(p), (kind, p.stats())
+        finally:
+            p.shutdown()
+            vs._imported_pool_cache_clear()
+
+
 def test_full_pool_falls_back_to_cpu_and_cancel_frees():
     need_gpu()
     p = pool(size=4 * MiB)
