@@ -125,6 +125,9 @@ def ranks(value):
         raise TypeError("ranks=None: say which rank(s) this consume or ack is for (ranks=r, "
                         "ranks=range(a, b), ranks=[a, c]), or ranks=vmmt.ALL_RANKS for every "
                         "rank of the pool")
+    # A range is the common case (vmmt.sglang's rebuilds ask one): no list made.
+    if type(value) is range and value.step == 1 and 0 <= value.start < value.stop <= 256:
+        return value.start, value.stop - value.start, None
     if not hasattr(value, "__iter__"):
         first = _rank(value, value)
         if not 0 <= first <= 255:
