@@ -534,7 +534,10 @@ VMMT_API int vmmt_pool_reclaim(vmmt_pool *pool, uint32_t *freed);
  * released but by this call. An engine that restarts a rank under the same
  * number should call this after reaping the old process and before
  * publishing for the new one: the pool's own release of the dead process
- * then knows it has nothing left to do. VMMT_EINVAL for a rank outside the pool.
+ * then knows it has nothing left to do. A packed group a process is
+ * consuming for a set of ranks that includes `rank` can no longer complete
+ * there: its next member is refused, and its members are to be consumed
+ * again for the set's other ranks. VMMT_EINVAL for a rank outside the pool.
  * Thread-safe; counted in vmmt_pool_stats.rank_releases and released_slices.
  */
 VMMT_API int vmmt_pool_release_rank(vmmt_pool *pool, int rank);
@@ -691,9 +694,12 @@ static inline int vmmt_consumer_create(const vmmt_consumer_config *config, vmmt_
  * grants `device` access. Stream-ordered pools: the copy waits for the
  * producer's ready flag on `stream` (when the flag is not set yet), and the
  * call returns without synchronizing; except on a pool whose producer's death
- * this process cannot see (FABRIC: no broker), whose flag is watched from the
- * host, at most the consumer's timeout_ms (VMMT_ETIMEDOUT, nothing queued),
- * so that no stream can wait for ever on a dead producer. A failed copy still
+ * this process cannot see (FABRIC: no broker), and where the driver refuses
+ * the stream wait, whose flag is watched from the host, at most the
+ * consumer's timeout_ms (VMMT_ETIMEDOUT, nothing queued), so that no stream
+ * can wait for ever on a dead producer. A cancel of the descriptor during
+ * such a wait is seen when it ends (its bytes landed: the copy is made, of
+ * the slice the cancel leaves it; or the timeout, and a retry is refused). A failed copy still
  * acknowledges, so the slice is released; the descriptor cannot be consumed
  * again. A wait for the ready flag that failed, or an acknowledgement that
  * could not be queued, acknowledges nothing: the call may be retried. (The

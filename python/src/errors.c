@@ -58,7 +58,9 @@ static const struct {
  */
 static const char *const c_to_python[][2] = {
     {"vmmt_consume", "Consumer.consume()"},
+    {"vmmt_consume_ranks", "Consumer.consume()"},
     {"vmmt_consumer_ack", "Consumer.ack()"},
+    {"vmmt_consumer_ack_ranks", "Consumer.ack()"},
     {"vmmt_consumer_check", "Consumer.check()"},
     {"vmmt_consumer_flush", "Consumer.flush()"},
     {"vmmt_consumer_evict", "Consumer.evict()"},

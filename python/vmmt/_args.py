@@ -100,17 +100,22 @@ def _rank(value, ranks):
             return operator.index(value)
         except TypeError:
             pass
-    raise TypeError("ranks=%r: give a rank (an int 0..255), ranks (a range, list or set), "
-                    "or vmmt.ALL_RANKS" % (ranks,))
+    raise TypeError("ranks=%r: give a rank (an int 0..255), ranks (a range, or a list, tuple "
+                    "or set of ints), or vmmt.ALL_RANKS" % (ranks,))
+
+
+def _short(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + " ..."
 
 
 def ranks(value):
     """(rank_first, rank_count, rank_list) from a rank, ranks, or ALL_RANKS.
 
     Consecutive ranks in order are the run (first, count) with rank_list
-    None; any other ranks (distinct, in any order: a list, tuple or set) are
-    rank_list, a tuple the binding hands to vmmt_consume_ranks, which takes
-    or acknowledges all of them or none.
+    None; any other ranks (distinct, in any order: a list, tuple, set, or
+    any iterable of ints but bytes) are rank_list, a tuple the binding hands
+    to vmmt_consume_ranks, which takes or acknowledges all of them or none.
 
     There is no default: a rank that forgot ranks= would acknowledge for
     every rank, and the next rank's consume fail with a message pointing
@@ -119,7 +124,7 @@ def ranks(value):
     if isinstance(value, str):
         if value == ALL_RANKS:
             return _vmmt.ALL_RANKS, 0, None
-        raise ValueError("ranks=%r: give a rank, ranks (a range, list or set), or "
+        raise ValueError("ranks=%r: give a rank, ranks (a range, list, tuple or set), or "
                          "vmmt.ALL_RANKS ('all')" % (value,))
     if value is None:
         raise TypeError("ranks=None: say which rank(s) this consume or ack is for (ranks=r, "
@@ -128,20 +133,35 @@ def ranks(value):
     # A range is the common case (vmmt.sglang's rebuilds ask one): no list made.
     if type(value) is range and value.step == 1 and 0 <= value.start < value.stop <= 256:
         return value.start, value.stop - value.start, None
-    if not hasattr(value, "__iter__"):
-        first = _rank(value, value)
+    # Bytes iterate as ints, so b"\x02" would be rank 2: what was meant is unknowable.
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError("ranks=%s: bytes are not ranks; give a rank, ranks (a range, list, "
+                        "tuple or set of ints), or vmmt.ALL_RANKS" % _short(value))
+    # An integer first, even one that iterates (a NumPy 0-d array has __index__ and
+    # __iter__; a 1-d one has both too, and its __index__ refuses).
+    first = None
+    if not isinstance(value, bool):
+        try:
+            first = operator.index(value)
+        except TypeError:
+            pass
+    if first is not None or not hasattr(value, "__iter__"):
+        first = _rank(value, value) if first is None else first
         if not 0 <= first <= 255:
             raise ValueError("ranks=%d is out of range: give a rank of 0..255, or "
                              "vmmt.ALL_RANKS" % first)
         return first, 1, None
     rs = [_rank(r, value) for r in value]
     if not rs:
-        raise ValueError("ranks=%r: give at least one rank, or vmmt.ALL_RANKS" % (value,))
-    if min(rs) < 0 or max(rs) > 255:
-        raise ValueError("ranks %r are out of range: give ranks of 0..255, or vmmt.ALL_RANKS"
-                         % (rs,))
+        raise ValueError("ranks=%s: give at least one rank, or vmmt.ALL_RANKS" % _short(value))
+    outside = [r for r in rs if not 0 <= r <= 255]
+    if outside:
+        raise ValueError("ranks=%s: rank %d (entry %d) is out of range: give ranks of 0..255, "
+                         "or vmmt.ALL_RANKS" % (_short(rs), outside[0], rs.index(outside[0])))
     if len(set(rs)) != len(rs):
-        raise ValueError("ranks=%r: give each rank once" % (rs,))
+        twice = next(r for i, r in enumerate(rs) if r in rs[:i])
+        raise ValueError("ranks=%s: rank %d is listed twice; give each rank once"
+                         % (_short(rs), twice))
     if rs == list(range(rs[0], rs[0] + len(rs))):
         return rs[0], len(rs), None
     return 0, 0, tuple(rs)

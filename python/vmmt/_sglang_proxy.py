@@ -186,6 +186,71 @@ def _release(desc, device, ranks, error, consumer=None):
     return released
 
 
+def _owed(obj, ranks):
+    """Of `ranks`, what proxy (or packed owner) `obj` has yet to acknowledge:
+    all of them; None when it acknowledged each one already (asked again,
+    nothing to do); Stale when it acknowledged some of them, which leaves
+    the others as they were (a list is done whole or not at all: an outside
+    attack found a second acknowledge_ranks list on one proxy answered as
+    done and acknowledged nothing, its slice held for good)."""
+    want = frozenset(ranks)
+    done = want & getattr(obj, "_acked", frozenset())
+    if not done:
+        return ranks
+    if done == want:
+        return None
+    rest = sorted(want - done)
+    error = vmmt.Stale("CUDA VMM proxy: rank(s) %s were acknowledged by this proxy already and "
+                       "%s not; nothing was acknowledged: ask for %s alone"
+                       % (sorted(done), rest, rest))
+    error.status = -14  # VMMT_ESTATE, as the library's own
+    raise error
+
+
+def _mark(obj, ranks, done=True):
+    """`obj` acknowledged `ranks` (or gave them back after a failure)."""
+    if done:
+        obj._acked = getattr(obj, "_acked", frozenset()) | frozenset(ranks)
+        obj._consumer_acknowledged = True
+
+
+def _ack_rest(obj, descriptors, ranks, device=None):
+    """Acknowledge, without a copy, the ranks of `ranks` that `obj` has not:
+    a rebuild asked again for other ranks of a tensor it has, or a drop."""
+    owed = _owed(obj, ranks)
+    if owed is None:
+        return
+    with _leased_consumer() as consumer:
+        for d in descriptors:
+            consumer.ack(d, device=device, ranks=owed)
+    _mark(obj, owed)
+
+
+def _rebuild_for(obj, descriptors, device, consumer_count, consumer_rank, acknowledge_ranks):
+    """What a rebuild of proxy (or packed owner) `obj` on `device` is to do:
+    (tensor, None), return obj's tensor; (None, ranks), consume for those.
+    sglang's proxies rebuild once and keep the tensor; with the ranks named
+    outright, each is acknowledged once, so asking again for others
+    acknowledges those (and for some done, some not, is Stale)."""
+    cached = obj.reconstruct_tensor is not None and obj._device == device
+    if acknowledge_ranks is None:
+        if cached:
+            return obj.reconstruct_tensor, None
+        if obj._consumer_acknowledged:
+            raise RuntimeError("CUDA VMM tensor has already released its pool slice")
+    ranks = rank_chosen(consumer_count, obj.consumer_count, consumer_rank, acknowledge_ranks)
+    if acknowledge_ranks is None:
+        return None, ranks
+    if cached:
+        _ack_rest(obj, descriptors, ranks, device)
+        return obj.reconstruct_tensor, None
+    owed = _owed(obj, ranks)
+    if owed is None:
+        raise RuntimeError("CUDA VMM tensor has already released its pool slice for ranks %r"
+                           % (sorted(ranks),))
+    return None, owed
+
+
 def _not_released(error, ack_error):
     if hasattr(error, "add_note"):  # Python 3.11 and newer
         error.add_note("vmmt.sglang: the acknowledgement after the failed reconstruction also "
@@ -203,6 +268,7 @@ class CudaVmmTensorTransportProxy(_Base):
     reconstruct_tensor = None
     _device = None
     _consumer_acknowledged = False
+    _acked = frozenset()
 
     def __init__(self, *, descriptor=None, fabric_handle=None, posix_socket_path=None,
                  allocation_size=0, data_offset=0, data_nbytes=None, control_offset=None,
@@ -246,6 +312,7 @@ class CudaVmmTensorTransportProxy(_Base):
         self.reconstruct_tensor = None
         self._device = None
         self._consumer_acknowledged = False
+        self._acked = frozenset()  # ranks this proxy acknowledged
 
     # sglang's CUDA IPC proxies name the count so; its scheduler reads it.
     @property
@@ -317,13 +384,11 @@ class CudaVmmTensorTransportProxy(_Base):
         device."""
         device = int(rebuild_device_idx)
         with _own_lock(self):
-            if self.reconstruct_tensor is not None and self._device == device:
-                return self.reconstruct_tensor
-            if self._consumer_acknowledged:
-                raise RuntimeError("CUDA VMM tensor has already released its pool slice")
             desc = self._need_descriptor()
-            ranks = rank_chosen(consumer_count, self.consumer_count, consumer_rank,
-                                acknowledge_ranks)
+            kept, ranks = _rebuild_for(self, (desc,), device, consumer_count, consumer_rank,
+                                       acknowledge_ranks)
+            if kept is not None:
+                return kept
             nbytes = desc._decoded()[6]
             elements = _elements(self.shape)
             if elements < 0:
@@ -331,19 +396,19 @@ class CudaVmmTensorTransportProxy(_Base):
                     "CUDA VMM proxy shape %r is not a shape (dimensions must be non-negative "
                     "ints); the pool slice is released and the proxy cannot be reconstructed"
                     % (self.shape,))
-                self._consumer_acknowledged = _release(desc, device, ranks, error)
+                _mark(self, ranks, _release(desc, device, ranks, error))
                 raise error
             try:
                 want = elements * arrays.itemsize(self.dtype)
             except Exception as error:  # a dtype this rank's library does not know
-                self._consumer_acknowledged = _release(desc, device, ranks, error)
+                _mark(self, ranks, _release(desc, device, ranks, error))
                 raise
             if want != nbytes:
                 error = RuntimeError(
                     "CUDA VMM proxy shape %r of %s holds %d bytes, but the published tensor has "
                     "%d; the pool slice is released and the proxy cannot be reconstructed"
                     % (tuple(self.shape), arrays.dtype_name(self.dtype), want, nbytes))
-                self._consumer_acknowledged = _release(desc, device, ranks, error)
+                _mark(self, ranks, _release(desc, device, ranks, error))
                 raise error
             try:
                 # Into a tensor of the proxy's shape and dtype from the library's
@@ -355,7 +420,7 @@ class CudaVmmTensorTransportProxy(_Base):
                 tensor = arrays.empty_typed(self.shape, self.dtype, device,
                                             arrays.consumer_library(self._lib), _on_device())
             except Exception as error:
-                self._consumer_acknowledged = _release(desc, device, ranks, error)
+                _mark(self, ranks, _release(desc, device, ranks, error))
                 raise
             with _leased_consumer() as consumer:
                 try:
@@ -365,23 +430,23 @@ class CudaVmmTensorTransportProxy(_Base):
                     # so nothing is given back, and another set may be asked.
                     raise
                 except Exception as error:
-                    self._consumer_acknowledged = _release(desc, device, ranks, error, consumer)
+                    _mark(self, ranks, _release(desc, device, ranks, error, consumer))
                     raise
-            self._consumer_acknowledged = True
+            _mark(self, ranks)
             self.reconstruct_tensor, self._device = tensor, device
             return tensor
 
     def acknowledge_consumption(self, consumer_count=None, consumer_rank=None, *,
                                 acknowledge_ranks=None):
         """Release the slice without copying (a request dropped or served from
-        a cache), for the ranks `consumer_count` selects; once per proxy."""
+        a cache), for the ranks `consumer_count` selects; once per proxy (ranks
+        named in `acknowledge_ranks`: once per rank)."""
         with _own_lock(self):
-            if self._consumer_acknowledged:
+            if acknowledge_ranks is None and self._consumer_acknowledged:
                 return
-            _consumer().ack(self._need_descriptor(),
-                            ranks=rank_chosen(consumer_count, self.consumer_count, consumer_rank,
-                                              acknowledge_ranks))
-            self._consumer_acknowledged = True
+            _ack_rest(self, (self._need_descriptor(),),
+                      rank_chosen(consumer_count, self.consumer_count, consumer_rank,
+                                  acknowledge_ranks))
 
     def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, *,
                                        acknowledge_ranks=None):
@@ -474,6 +539,7 @@ class _CudaVmmPackedTransportOwner:
         self.reconstruct_tensor = None
         self._device = None
         self._consumer_acknowledged = False
+        self._acked = frozenset()
         self._producer_cancelled = False
 
     def __reduce__(self):
@@ -505,12 +571,10 @@ class _CudaVmmPackedTransportOwner:
         """Every member, consumed into one flat uint8 buffer on the device."""
         device = int(rebuild_device_idx)
         with _own_lock(self):
-            if self.reconstruct_tensor is not None and self._device == device:
-                return self.reconstruct_tensor
-            if self._consumer_acknowledged:
-                raise RuntimeError("CUDA VMM tensor has already released its pool slice")
-            ranks = rank_chosen(consumer_count, self.consumer_count, consumer_rank,
-                                acknowledge_ranks)
+            kept, ranks = _rebuild_for(self, self.descriptors, device, consumer_count,
+                                       consumer_rank, acknowledge_ranks)
+            if kept is not None:
+                return kept
             flat = arrays.empty_bytes(max(1, self.data_nbytes), device,
                                       arrays.consumer_library(library), _on_device())
             with _leased_consumer() as consumer:
@@ -523,13 +587,12 @@ class _CudaVmmPackedTransportOwner:
                 except vmmt.Stale:
                     if done == 0:  # refused whole: nothing taken, another set may be asked
                         raise
-                    self._consumer_acknowledged = self._drop_from(done, device, ranks, consumer)
+                    _mark(self, ranks, self._drop_from(done, device, ranks, consumer))
                     raise
                 except Exception as error:
-                    self._consumer_acknowledged = self._drop_from(done, device, ranks, consumer,
-                                                                  error)
+                    _mark(self, ranks, self._drop_from(done, device, ranks, consumer, error))
                     raise
-            self._consumer_acknowledged = True
+            _mark(self, ranks)
             self.reconstruct_tensor, self._device = flat, device
             return flat
 
@@ -545,14 +608,11 @@ class _CudaVmmPackedTransportOwner:
     def acknowledge_consumption(self, consumer_count=None, consumer_rank=None,
                                 acknowledge_ranks=None):
         with _own_lock(self):
-            if self._consumer_acknowledged:
+            if acknowledge_ranks is None and self._consumer_acknowledged:
                 return
-            ranks = rank_chosen(consumer_count, self.consumer_count, consumer_rank,
-                                acknowledge_ranks)
-            with _leased_consumer() as consumer:
-                for d in self.descriptors:
-                    consumer.ack(d, ranks=ranks)
-            self._consumer_acknowledged = True
+            _ack_rest(self, self.descriptors,
+                      rank_chosen(consumer_count, self.consumer_count, consumer_rank,
+                                  acknowledge_ranks))
 
 
 class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
@@ -595,10 +655,17 @@ class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
                                      consumer_rank=None, *, acknowledge_ranks=None):
         device = int(rebuild_device_idx)
         with _own_lock(self._packed_owner):
-            if self.reconstruct_tensor is not None and self._device == device:
+            cached = self.reconstruct_tensor is not None and self._device == device
+            if acknowledge_ranks is None:
+                if cached:
+                    return self.reconstruct_tensor
+                if self._consumer_acknowledged:
+                    raise RuntimeError("CUDA VMM tensor has already released its pool slice")
+            elif cached:  # the ranks named are the owner's to acknowledge, once each
+                self._packed_owner.reconstruct_on_target_device(
+                    device, consumer_count=consumer_count, consumer_rank=consumer_rank,
+                    library=self._lib, acknowledge_ranks=acknowledge_ranks)
                 return self.reconstruct_tensor
-            if self._consumer_acknowledged:
-                raise RuntimeError("CUDA VMM tensor has already released its pool slice")
             elements = _elements(self.shape)
             want = elements * arrays.itemsize(self.dtype) if elements >= 0 else -1
             if want != self._desc.nbytes:
@@ -629,7 +696,7 @@ class CudaVmmPackedTensorTransportProxy(CudaVmmTensorTransportProxy):
     def release_without_reconstruction(self, consumer_count=1, consumer_rank=None, *,
                                        acknowledge_ranks=None):
         with _own_lock(self._packed_owner):
-            if self._consumer_acknowledged:
+            if acknowledge_ranks is None and self._consumer_acknowledged:
                 return
             named = {k: v for k, v in (("consumer_rank", consumer_rank),
                                        ("acknowledge_ranks", acknowledge_ranks)) if v is not None}

@@ -137,6 +137,10 @@ def chosen(consumer_count, total, consumer_rank=None, acknowledge_ranks=None):
     if acknowledge_ranks is None:
         first, count = resolve(consumer_count, total, consumer_rank)
         return range(first, first + count)
+    if isinstance(acknowledge_ranks, (str, bytes, bytearray, memoryview)) or \
+            not hasattr(acknowledge_ranks, "__iter__"):
+        raise ValueError("acknowledge_ranks must be a list of ranks (ints); got %r (%s)"
+                         % (acknowledge_ranks, type(acknowledge_ranks).__name__))
     given = [_index("each of acknowledge_ranks", r) for r in acknowledge_ranks]
     if not given or len(set(given)) != len(given) or any(not 0 <= r < total for r in given):
         raise ValueError("acknowledge_ranks=%r: give distinct ranks 0..%d"

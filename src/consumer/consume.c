@@ -384,7 +384,7 @@ static int check_occupant(vmmt_consumer *c, struct request *rq)
                           "descriptor for slot %u generation %u was already acknowledged, or "
                           "is being consumed, for rank %u (by this process or another of that "
                           "rank), or was cancelled by its producer; nothing was acknowledged "
-                          "again",
+                          "again: drop it for that rank (ask again without it for others)",
                           rq->d.slot, gen, acked);
     }
     return VMMT_OK;

@@ -21,14 +21,7 @@ const struct vmmt_drv *drv(void)
 
 void sync_s(CUstream s)
 {
-    assert_int_equal(drv()->cuStreamSynchronize(s), CUDA_SUCCESS);
-}
-
-CUstream new_stream(void)
-{
-    CUstream s;
-    assert_int_equal(drv()->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    return s;
+    sync_on(s);
 }
 
 void free_stream(CUstream s)

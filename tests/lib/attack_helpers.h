@@ -36,8 +36,7 @@
     } while (0)
 
 const struct vmmt_drv *drv(void);
-void sync_s(CUstream s);
-CUstream new_stream(void);
+void sync_s(CUstream s); /* sync_on (poolfix.h), by the name these tests use */
 void free_stream(CUstream s);
 
 /* Pattern i into `at` through stream s (synchronized). */

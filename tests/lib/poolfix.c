@@ -271,3 +271,16 @@ void reseal(vmmt_pool *p, vmmt_desc *d)
 {
     vmmt__desc_seal(d->bytes, p->seal_key);
 }
+
+void sync_on(CUstream s)
+{
+    assert_int_equal(vmmt__drv()->cuStreamSynchronize(s), CUDA_SUCCESS);
+}
+
+CUstream new_stream(void)
+{
+    CUstream s;
+
+    assert_int_equal(vmmt__drv()->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    return s;
+}

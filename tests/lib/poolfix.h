@@ -98,6 +98,10 @@ void gate_open_later(struct gate *g, long delay_ms);
 /* Joins the opener, lets the blocked stream pass the wait, frees the word. */
 void gate_free(struct gate *g);
 
+/* Synchronize a stream, asserting success; a new non-blocking stream (the caller destroys it). */
+void sync_on(CUstream s);
+CUstream new_stream(void);
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, pool_setup, pool_teardown)
 
 #endif

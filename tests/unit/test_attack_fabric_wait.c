@@ -71,13 +71,6 @@ static vmmt_consumer *make_consumer(int timeout_ms)
     return k;
 }
 
-static CUstream new_stream(void)
-{
-    CUstream s;
-    assert_int_equal(drv()->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    return s;
-}
-
 static void sync_s(CUstream s)
 {
     assert_int_equal(drv()->cuStreamSynchronize(s), CUDA_SUCCESS);

@@ -24,19 +24,6 @@
 
 #define N 4096
 
-static void sync_on(CUstream s)
-{
-    assert_int_equal(vmmt__drv()->cuStreamSynchronize(s), CUDA_SUCCESS);
-}
-
-static CUstream new_stream(void)
-{
-    CUstream s;
-
-    assert_int_equal(vmmt__drv()->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    return s;
-}
-
 /* A shared-table pool of one slice, so that the next publish would take the cancelled one's. */
 static void make_pool(struct fixture *f, int consumers)
 {

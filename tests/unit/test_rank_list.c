@@ -13,11 +13,6 @@
 
 #define N 4096
 
-static void sync_on(CUstream s)
-{
-    assert_int_equal(vmmt__drv()->cuStreamSynchronize(s), CUDA_SUCCESS);
-}
-
 static void publish_one(struct fixture *f, uint32_t pattern, vmmt_desc *d)
 {
     vmmt_buffer b = bytes(f->src, N);
