@@ -87,6 +87,10 @@ the safer ones:
   keywords ``consumer_rank`` and ``acknowledge_ranks`` (ranks named
   outright) are honoured, and any other keyword is a TypeError rather than
   silently ignored (an acknowledgement dropped would hold a slice for good).
+  An ``acknowledge_ranks`` list is one call of the library, done for all
+  its ranks or none, and a proxy acknowledges each named rank once: asked
+  again for others it acknowledges those, where sglang's proxy would answer
+  done and acknowledge nothing.
 
 sglang's own test helpers that reach into its internals (the pool's raw
 ``memory_pool`` tensor and its acknowledgement words, ``tensor_from_pointer``,
