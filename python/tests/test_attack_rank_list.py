@@ -44,6 +44,17 @@ from sglang_fixtures import clean  # noqa: F401
 DEADLINE = 10.0
 
 
+def both_at_once(run, first, second):
+    """run(*first) and run(*second) on two threads, joined within DEADLINE;
+    True when neither is left alive."""
+    ts = [threading.Thread(target=run, args=first), threading.Thread(target=run, args=second)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(DEADLINE)
+    return not any(t.is_alive() for t in ts)
+
+
 def owed(consumer, desc, count):
     """The ranks that can still acknowledge desc, each acknowledged by this
     probe (so afterwards every rank is done)."""
@@ -297,13 +308,7 @@ def test_two_consumers_race_lists_overlapping_by_one_rank(pool4, no_leaks):
                 except vmmt.Error as e:
                     got[i] = e
 
-            ts = [threading.Thread(target=run, args=(0, a, [0, 1])),
-                  threading.Thread(target=run, args=(1, b, [2, 1]))]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join(DEADLINE)
-            assert not any(t.is_alive() for t in ts)
+            assert both_at_once(run, (0, a, [0, 1]), (1, b, [2, 1]))
             ok = [isinstance(g, np.ndarray) for g in got]
             assert ok.count(True) == 1, "round %d: %r" % (n, got)
             loser = ok.index(False)
@@ -452,12 +457,7 @@ def test_sglang_two_rebuilding_threads_overlapping_lists(clean, kind):  # noqa: 
                 except vmmt.Error as e:
                     got[i] = e
 
-            ts = [threading.Thread(target=run, args=(0, 0, [0, 1])),
-                  threading.Thread(target=run, args=(1, 2, [2, 1]))]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join(DEADLINE)
+            both_at_once(run, (0, 0, [0, 1]), (1, 2, [2, 1]))
             ok = [not isinstance(g, BaseException) for g in got]
             assert ok.count(True) == 1, "round %d: %r" % (n, got)
             assert isinstance(got[ok.index(False)], vmmt.Stale)
@@ -502,12 +502,7 @@ def test_sglang_packed_copies_race_overlapping_lists(clean, kind):  # noqa: F811
                 except vmmt.Error as e:
                     got[i] = e
 
-            ts = [threading.Thread(target=run, args=(0, [0, 1])),
-                  threading.Thread(target=run, args=(1, [2, 1]))]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join(DEADLINE)
+            both_at_once(run, (0, [0, 1]), (1, [2, 1]))
             ok = [not isinstance(g, BaseException) for g in got]
             assert ok.count(True) == 1, "round %d: %r" % (n, got)
             assert isinstance(got[ok.index(False)], vmmt.Stale)
@@ -586,12 +581,7 @@ def test_finding_proxy_second_acknowledge_ranks_dropped_threads(clean):  # noqa:
                 except BaseException as e:  # noqa: B902 - reported below
                     got[i] = e
 
-            ts = [threading.Thread(target=run, args=(0, [0, 1])),
-                  threading.Thread(target=run, args=(1, [3, 2]))]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join(DEADLINE)
+            both_at_once(run, (0, [0, 1]), (1, [3, 2]))
             left = _sg_owed(pool, proxy)
             both = all(not isinstance(g, BaseException) for g in got)
             if both and left[0]:

@@ -63,6 +63,27 @@ static void slice_back(struct fixture *f, uint32_t pattern)
 }
 
 /*
+ * A packed pair of pattern i whose first member's copy is queued on `first`
+ * behind gate g (closed here) when the producer cancels it; the taker's
+ * next member is then refused, which gives the group's words back after
+ * the copies already on `first`.
+ */
+static void cancel_half_group(struct fixture *f, uint32_t i, CUstream first, struct gate *g,
+                              vmmt_desc pair[2])
+{
+    vmmt_buffer b[2] = {bytes(f->src, N), bytes(f->src + N, N)};
+
+    put(f, f->src, 2 * N, i);
+    assert_vmmt_ok(vmmt_publish_packed(f->pool, b, 2, f->stream, pair));
+    sync_on(f->stream);
+    gate_close(g, first);
+    assert_vmmt_ok(vmmt_consume(f->consumer, &pair[0], 0, f->dst, f->cap, first, 0, 1));
+    assert_vmmt_ok(vmmt_cancel(f->pool, &pair[0]));
+    assert_int_equal(vmmt_consume(f->consumer, &pair[1], 0, f->dst + N, f->cap - N, first, 0, 1),
+                     VMMT_ESTATE);
+}
+
+/*
  * Rank 0's copy is queued behind a gate when the producer cancels: the other
  * rank and another process of rank 0 are refused, the slice stays held, and
  * once the gate opens the copy holds its own bytes, checked OK; then the
@@ -111,7 +132,6 @@ static void test_cancel_leaves_a_queued_copy_its_slice(void **state)
 static void test_packed_cancel_leaves_queued_members_their_slice(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b[2] = {bytes(f->src, N), bytes(f->src + N, N)};
     vmmt_consumer *other;
     vmmt_desc pair[2];
     CUstream first;
@@ -120,14 +140,7 @@ static void test_packed_cancel_leaves_queued_members_their_slice(void **state)
     make_pool(f, 2);
     assert_vmmt_ok(vmmt_consumer_create(NULL, &other));
     first = new_stream();
-    put(f, f->src, 2 * N, 23);
-    assert_vmmt_ok(vmmt_publish_packed(f->pool, b, 2, f->stream, pair));
-    sync_on(f->stream);
-    gate_close(&g, first);
-    assert_vmmt_ok(vmmt_consume(f->consumer, &pair[0], 0, f->dst, f->cap, first, 0, 1));
-    assert_vmmt_ok(vmmt_cancel(f->pool, &pair[0]));
-    assert_int_equal(vmmt_consume(f->consumer, &pair[1], 0, f->dst + N, f->cap - N, first, 0, 1),
-                     VMMT_ESTATE);
+    cancel_half_group(f, 23, first, &g, pair);
     assert_int_equal(vmmt_consume(other, &pair[0], 0, f->dst + N, f->cap - N, f->stream, 0, 1),
                      VMMT_ESTATE);
     assert_int_equal(vmmt_consume(other, &pair[1], 0, f->dst + N, f->cap - N, f->stream, 1, 1),
@@ -221,21 +234,14 @@ static void test_release_rank_gives_a_cancelled_taken_slice_back(void **state)
 static void test_release_under_a_refused_half_group(void **state)
 {
     struct fixture *f = *state;
-    vmmt_buffer b[2] = {bytes(f->src, N), bytes(f->src + N, N)}, one = bytes(f->src, N);
+    vmmt_buffer one = bytes(f->src, N);
     vmmt_desc pair[2], next;
     CUstream first;
     struct gate g;
 
     make_pool(f, 1);
     first = new_stream();
-    put(f, f->src, 2 * N, 29);
-    assert_vmmt_ok(vmmt_publish_packed(f->pool, b, 2, f->stream, pair));
-    sync_on(f->stream);
-    gate_close(&g, first);
-    assert_vmmt_ok(vmmt_consume(f->consumer, &pair[0], 0, f->dst, f->cap, first, 0, 1));
-    assert_vmmt_ok(vmmt_cancel(f->pool, &pair[0]));
-    assert_int_equal(vmmt_consume(f->consumer, &pair[1], 0, f->dst + N, f->cap - N, first, 0, 1),
-                     VMMT_ESTATE);
+    cancel_half_group(f, 29, first, &g, pair);
     slice_held(f);
     assert_vmmt_ok(vmmt_pool_release_rank(f->pool, 0));
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
