@@ -175,7 +175,8 @@ static int map_chunk(struct vmmt__chunk_map *m, uint32_t k)
     int fd = -1, st;
 
     /* A chunk given back since its word was loaded is refused by the broker as an
-     * unknown id (VMMT_EINVAL, passed on): only a stale descriptor meets that. */
+     * unknown id (VMMT_EINVAL); vmmt__chunk_map_ensure tells that from a broker
+     * that serves another pool by the word. */
     vmmt__chunk_id(m->pool_id, k, id);
     st = vmmt__broker_fetch_fds(&m->broker, id, &m->producer, m->timeout_ms, &fd, 1, NULL);
     if (st == VMMT_OK) st = vmmt__import_posix_fd(fd, &m->handle[k]);
@@ -222,6 +223,14 @@ int vmmt__chunk_map_ensure(struct vmmt__chunk_map *m, const uint32_t *words,
                               k);
         st = unmap_chunk(m, k);
         if (st == VMMT_OK) st = map_chunk(m, k);
+        /* The producer stores the word before it closes the chunk's fd (elastic.c): a
+         * refusal of a chunk whose word moved on is the descriptor's staleness. */
+        if (st != VMMT_OK && vmmt__ctrl_load(&words[k]) != now)
+            return vmmt__fail(VMMT_ESTATE,
+                              "chunk %u of the pool was given back while it was fetched (the "
+                              "descriptor names incarnation %u): the descriptor is stale, its "
+                              "slice was recycled",
+                              k, d->incarnation);
         if (st != VMMT_OK) return st;
         m->mapped[m->nmapped++] = k;
         /* Made again while we imported? Only a stale descriptor allows that. */

@@ -497,17 +497,19 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, const in
                           dst_size, dst, rq->d.nbytes);
     pthread_mutex_lock(&c->lock);
     st = vmmt__cache_get(c, desc->bytes, &rq->d, device, &rq->pool);
+    if (st == VMMT_OK) {
+        st = check_occupant(c, rq);
+        if (st != VMMT_OK && rq->gone) forget(rq);
+    }
     /* A copy needs the buffer's chunks mapped, at the incarnation the table shows;
-     * chunks the producer gave back are let go here, so their memory is freed. */
+     * chunks the producer gave back are let go here, so their memory is freed. After
+     * the occupant's check: a stale descriptor fetches nothing, and so cannot meet a
+     * chunk given back under its fetch (the model test, seed 15). */
     if (st == VMMT_OK && rq->pool->chunks != NULL) {
         const uint32_t *words =
             rq->pool->ctrl.host + (uint64_t)rq->d.table_slots * rq->d.slot_stride / 4;
         if (copy) st = vmmt__chunk_map_ensure(rq->pool->chunks, words, &rq->d);
         if (st == VMMT_OK) st = vmmt__chunk_map_trim(rq->pool->chunks, words);
-    }
-    if (st == VMMT_OK) {
-        st = check_occupant(c, rq);
-        if (st != VMMT_OK && rq->gone) forget(rq);
     }
     if (st == VMMT_OK) st = take_words(rq);
     if (st == VMMT_OK) {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "chunk_map.h"
 #include "desc.h"
 #include "driver.h"
 #include "emu.h"
@@ -187,11 +188,12 @@ static void test_elastic_remade_chunk_is_imported_again(void **state)
         vmmt_consume(f->consumer, &second, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
     expect(f, f->dst, 10000, 2);
     assert_int_equal(vmmt__emu_calls("cuMemImportFromShareableHandle"), imports + 1);
-    /* The first descriptor names a making of chunk 0 that is gone. */
+    /* The first descriptor names a making of chunk 0 that is gone: its slot holds the
+     * second, which the occupant's check sees before any chunk is looked at. */
     assert_int_equal(
         vmmt_consume(f->consumer, &first, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
         VMMT_ESTATE);
-    assert_error_contains("made again");
+    assert_error_contains("recycled");
     assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
 }
 
@@ -401,6 +403,84 @@ static void test_elastic_broker_serves_resident_chunks_only(void **state)
     assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &desc, 0, f->stream, VMMT_ALL_RANKS, 0));
 }
 
+/*
+ * Caught (the model test, CI's ThreadSanitizer build, seed 15): a replay of a
+ * consumed descriptor mapped its chunks before its occupant was checked, so
+ * a chunk given back between the word's load and the broker's answer turned
+ * the refusal into the broker's "not served here" (VMMT_EINVAL). A descriptor
+ * with no live occupant is refused before anything is fetched or imported.
+ */
+static void test_elastic_replay_maps_nothing(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = elastic_config(16 * MiB, 60000);
+    vmmt_buffer b = bytes(f->src, 4096);
+    vmmt_consumer_config cc;
+    vmmt_consumer *fresh = NULL;
+    vmmt_desc desc;
+    long imports;
+
+    if (!on_emu()) skip();
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    put(f, f->src, 4096, 1);
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &desc));
+    assert_vmmt_ok(
+        vmmt_consume(f->consumer, &desc, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0));
+    expect(f, f->dst, 4096, 1);
+    vmmt_consumer_config_init(&cc);
+    assert_vmmt_ok(vmmt_consumer_create(&cc, &fresh));
+    imports = vmmt__emu_calls("cuMemImportFromShareableHandle");
+    /* Chunk 0 is still resident (a minute's idle time): only the occupant check refuses. */
+    assert_int_equal(vmmt_consume(fresh, &desc, 0, f->dst, f->cap, f->stream, VMMT_ALL_RANKS, 0),
+                     VMMT_ESTATE);
+    assert_error_contains("already acknowledged");
+    assert_int_equal(vmmt__emu_calls("cuMemImportFromShareableHandle"), imports);
+    vmmt_consumer_destroy(fresh);
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+}
+
+/* The quiet callback of a chunk map, run after the word's load: the chunk goes back then. */
+static int give_back_while_fetched(void *word)
+{
+    __atomic_store_n((uint32_t *)word, 0, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/*
+ * A chunk given back between the load of its word and the broker's answer is
+ * the descriptor's staleness (VMMT_ESTATE), not a broker that serves another
+ * pool (VMMT_EINVAL): the word, loaded again after the refusal, says so. The
+ * table's words here are the test's, so the give-back lands at that moment.
+ */
+static void test_elastic_chunk_given_back_while_fetched(void **state)
+{
+    struct fixture *f = *state;
+    vmmt_pool_config c = elastic_config(16 * MiB, 20);
+    vmmt_buffer b = bytes(f->src, 4096);
+    struct vmmt__chunk_map *m = NULL;
+    struct vmmt__desc d;
+    vmmt_desc desc;
+    uint32_t words[8] = {0};
+
+    assert_vmmt_ok(vmmt_pool_create(&c, &f->pool));
+    assert_vmmt_ok(vmmt_publish(f->pool, &b, f->stream, &desc));
+    assert_vmmt_ok(vmmt__desc_decode(desc.bytes, &d));
+    assert_int_equal(d.chunk, 0);
+    assert_vmmt_ok(vmmt__ctx_enter(0));
+    assert_vmmt_ok(vmmt__chunk_map_create(0, &d, 2000, give_back_while_fetched, &words[0], &m));
+    words[0] = d.incarnation;
+    assert_vmmt_ok(vmmt__chunk_map_ensure(m, words, &d)); /* chunk 0 mapped here */
+    assert_vmmt_ok(vmmt_consumer_ack(f->consumer, &desc, 0, f->stream, VMMT_ALL_RANKS, 0));
+    assert_vmmt_ok(vmmt_pool_drain(f->pool, 5000));
+    assert_true(resident_becomes(f->pool, 0, 3000)); /* the broker serves chunk 0 no more */
+    /* A making the producer shows next; it goes back before the broker answers. */
+    d.incarnation = words[0] = d.incarnation + 1;
+    assert_int_equal(vmmt__chunk_map_ensure(m, words, &d), VMMT_ESTATE);
+    assert_error_contains("given back");
+    assert_vmmt_ok(vmmt__chunk_map_destroy(m));
+    vmmt__ctx_leave();
+}
+
 /* The descriptor's chunk fields are checked before anything is mapped. */
 static void test_elastic_descriptor_fields_checked(void **state)
 {
@@ -493,6 +573,8 @@ int main(void)
         T(test_elastic_no_unmap_under_queued_copy),
         T(test_elastic_imports_reserve_bounded),
         T(test_elastic_broker_serves_resident_chunks_only),
+        T(test_elastic_replay_maps_nothing),
+        T(test_elastic_chunk_given_back_while_fetched),
         T(test_elastic_descriptor_fields_checked),
         T(test_elastic_config_errors),
         T(test_elastic_chunk_idle_while_recycler_sleeps),
