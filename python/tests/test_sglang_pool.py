@@ -395,6 +395,49 @@ def test_a_proxy_without_a_descriptor_says_so(clean):
         proxy.reconstruct_on_target_device(0)
 
 
+def test_release_borrowed_without_a_borrow_does_nothing(clean):
+    # sglang's newer scheduler calls it after borrow_on_target_device; the
+    # version vmmt's proxies inherited from sglang, where it is installed,
+    # read a borrow's state they never have (AttributeError).
+    pool = make_pool()
+    try:
+        proxy = pool.wrap_tensor(np.ones(4, np.float32))
+        assert proxy.borrow_on_target_device(0) is None
+        assert proxy.release_borrowed_on_current_stream(1, 0) is None
+        assert proxy.release_borrowed_on_current_stream() is None
+        assert (proxy.reconstruct_on_target_device(0) == 1).all()
+        assert settle(pool) == []
+    finally:
+        pool.shutdown()
+
+
+def test_a_tensor_of_the_whole_pool_falls_back_as_in_sglang(clean):
+    # sglang's slice holds its control block besides the bytes, so a tensor
+    # of allocation_size bytes never fits there; its GPU tests expect the CPU
+    # fallback for one (test_oversized_tensor_falls_back_to_cpu) and None
+    # from a packed publish (test_packed_reservation_failure_returns_
+    # fallback_signal). vmmt's pool keeps its table apart and would hold it.
+    pool = make_pool()
+    try:
+        whole = np.zeros(pool.allocation_size, np.uint8)
+        assert pool.wrap_tensor(whole) is whole
+        assert pool.wrap_tensors([whole]) is None
+        halves = [np.zeros(pool.allocation_size // 2, np.uint8) for _ in range(2)]
+        assert pool.wrap_tensors(halves) is None
+        assert pool.occupied_chunks == [] and free_bytes(pool) == pool.allocation_size
+        nearly = np.zeros(pool.allocation_size - 4096, np.uint8)
+        proxy = pool.wrap_tensor(nearly)
+        assert isinstance(proxy, vs.CudaVmmTensorTransportProxy)
+        pool.cancel_proxy(proxy)
+        torch = pytest.importorskip("torch")
+        big = torch.zeros(pool.allocation_size, dtype=torch.uint8)
+        assert pool.wrap_tensor(big) is big
+        assert pool.wrap_tensors([big[:16], big[16:]]) is None
+        assert pool.occupied_chunks == [] and free_bytes(pool) == pool.allocation_size
+    finally:
+        pool.shutdown()
+
+
 def test_torch_tensors_round_trip(clean):
     torch = pytest.importorskip("torch")
     pool = make_pool()

@@ -333,7 +333,12 @@ class CudaVmmMemoryPool:
         """Descriptors, or None when no slice fits. Device sources are copied
         on the caller's current stream and not waited for (the pool keeps
         them alive until their copy has run); host sources on the publish
-        stream, which is synchronized, so the caller may reuse them at once."""
+        stream, which is synchronized, so the caller may reuse them at once.
+        As in sglang, whose slice holds its control block besides the bytes,
+        tensors of the pool's whole size together never fit (its tests expect
+        the fallback for them; vmmt's table is kept apart)."""
+        if sum(arrays.nbytes(t) for t in tensors) >= self.allocation_size:
+            return None
         stream = None
         if not on_device:
             stream = self._publish_stream.handle
@@ -386,7 +391,10 @@ class CudaVmmMemoryPool:
                 if self._closing or self._closed or self._pool_error is not None:
                     self._raise_if_failed()
                     raise RuntimeError("CUDA VMM multimodal pool is closing")
-                desc = self._pool.publish(tensor)
+                if tensor.numel() * tensor.element_size() >= self.allocation_size:
+                    desc = None  # never fits, as in sglang (_publish_now)
+                else:
+                    desc = self._pool.publish(tensor)
             except vmmt.NoRoom:
                 desc = None
             except vmmt.Error as e:

@@ -460,6 +460,13 @@ class CudaVmmTensorTransportProxy(_Base):
         proxies too); reconstruct_on_target_device makes a copy that is yours."""
         return None
 
+    def release_borrowed_on_current_stream(self, consumer_count=1, consumer_rank=None):
+        """Nothing, always: nothing is ever borrowed (borrow_on_target_device
+        returns None), so there is no view to let go. Defined here so that
+        sglang's own version, inherited where sglang is importable, is never
+        reached: it reads a borrow's state that these proxies do not have."""
+        return None
+
     def __repr__(self):
         return "%s(%r, shape=%r, dtype=%s)" % (type(self).__name__, self._desc,
                                               tuple(self.shape or ()), self.dtype)

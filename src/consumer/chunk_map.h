@@ -28,11 +28,18 @@ uint64_t vmmt__chunk_reserved(void);
  * Reserve the range of a chunked pool for `device` (context current); nothing
  * mapped yet. VMMT_ENOMEM when that would take the process's chunk maps past
  * VMMT__ELASTIC_RESERVE_MAX (VMMT_ETOOBIG for a pool larger than that).
- * quiet(quiet_arg) returns 1 when no copy out of the pool is queued in this
- * process: only then is a chunk unmapped.
+ * flush(flush_arg) has the copies already complete let go of their chunks
+ * (vmmt__chunk_map_hold) before the map decides that one is held.
  */
 int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_ms,
-                           int (*quiet)(void *arg), void *quiet_arg, struct vmmt__chunk_map **out);
+                           void (*flush)(void *arg), void *flush_arg, struct vmmt__chunk_map **out);
+/*
+ * A copy out of [offset, offset + nbytes) is queued in this process (delta 1)
+ * or has completed (-1): a chunk it touches is not unmapped meanwhile, and
+ * only such a chunk (an unrelated copy in flight does not stop a chunk made
+ * again from being mapped afresh). Thread-safe.
+ */
+void vmmt__chunk_map_hold(struct vmmt__chunk_map *m, uint64_t offset, uint64_t nbytes, int delta);
 CUdeviceptr vmmt__chunk_map_base(const struct vmmt__chunk_map *m);
 /*
  * Make sure every chunk of [d->offset, d->offset + d->nbytes) is mapped at the
@@ -40,15 +47,15 @@ CUdeviceptr vmmt__chunk_map_base(const struct vmmt__chunk_map *m);
  * the broker what is missing or was made again. VMMT_ESTATE when the
  * descriptor's chunk was given back since (a stale descriptor), or when a
  * chunk made again is still mapped from its previous making and a copy out
- * of the pool may be queued (retry once the streams are synchronized).
+ * of that chunk may be queued (retry once the streams are synchronized).
  */
 int vmmt__chunk_map_ensure(struct vmmt__chunk_map *m, const uint32_t *words,
                            const struct vmmt__desc *d);
 /*
  * Let go of chunks the producer gave back (or made again) since they were
  * mapped here: until then the device memory stays allocated for this
- * mapping. At most once per 50 ms, and only while no copy out of the pool
- * is queued here (otherwise at a later call).
+ * mapping. At most once per 50 ms, and only chunks no copy queued here
+ * holds (the others at a later call).
  */
 int vmmt__chunk_map_trim(struct vmmt__chunk_map *m, const uint32_t *words);
 /* Unmap, release and free; NULL is allowed. */

@@ -5,8 +5,11 @@
  * table's incarnation word says which making of a chunk is current; a chunk
  * the producer gave back and made again is unmapped and imported afresh.
  *
- * A chunk is unmapped only while no copy out of the pool is queued here
- * (the import's quiet callback says so). That the producer gave it back
+ * A chunk is unmapped only while no copy out of it is queued here (each
+ * queued copy holds the chunks it reads: vmmt__chunk_map_hold; counted per
+ * chunk, since a consumer that never synchronizes always has some copy in
+ * flight, and a count per pool refused it every chunk made again: an
+ * outside attack, test_attack_elastic). That the producer gave it back
  * proves nothing: it does so once every slice in it was acknowledged, which
  * a rank released on a consumer's behalf (vmmt_pool_release_rank, the lease)
  * or the pool's shutdown, which gives every chunk back, does not wait for.
@@ -46,8 +49,9 @@ struct vmmt__chunk_map {
     uint32_t *mapped;      /* the chunks mapped now, nmapped of them, in no order */
     uint32_t nmapped;
     double last_trim_us;
-    int (*quiet)(void *arg); /* 1 when no copy out of the pool is queued in this process */
-    void *quiet_arg;
+    _Atomic uint32_t *queued; /* per chunk: copies out of it queued in this process */
+    void (*flush)(void *arg); /* counts the copies complete by now (the acker) */
+    void *flush_arg;
 };
 
 #define TRIM_INTERVAL_US 50000.0
@@ -96,7 +100,7 @@ CUdeviceptr vmmt__chunk_map_base(const struct vmmt__chunk_map *m)
 }
 
 int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_ms,
-                           int (*quiet)(void *arg), void *quiet_arg, struct vmmt__chunk_map **out)
+                           void (*flush)(void *arg), void *flush_arg, struct vmmt__chunk_map **out)
 {
     const struct vmmt_drv *drv = vmmt__drv();
     struct vmmt__chunk_map *m;
@@ -117,7 +121,8 @@ int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_m
     m->handle = calloc(m->count, sizeof *m->handle);
     m->incarnation = calloc(m->count, sizeof *m->incarnation);
     m->mapped = calloc(m->count, sizeof *m->mapped);
-    if (m->handle == NULL || m->incarnation == NULL || m->mapped == NULL) {
+    m->queued = calloc(m->count, sizeof *m->queued);
+    if (m->handle == NULL || m->incarnation == NULL || m->mapped == NULL || m->queued == NULL) {
         vmmt__chunk_map_destroy(m);
         return vmmt__fail(VMMT_ENOMEM, "no host memory for %u chunks", m->count);
     }
@@ -125,8 +130,8 @@ int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_m
     m->chunk = d->chunk_size;
     m->device = device;
     m->timeout_ms = timeout_ms;
-    m->quiet = quiet;
-    m->quiet_arg = quiet_arg;
+    m->flush = flush;
+    m->flush_arg = flush_arg;
     m->broker = d->broker;
     vmmt__broker_expect(d->producer_uid, d->producer_pid, d->producer_pidns, &m->producer);
     memcpy(m->pool_id, d->pool_id, 16);
@@ -144,6 +149,26 @@ int vmmt__chunk_map_create(int device, const struct vmmt__desc *d, int timeout_m
     }
     *out = m;
     return VMMT_OK;
+}
+
+void vmmt__chunk_map_hold(struct vmmt__chunk_map *m, uint64_t offset, uint64_t nbytes, int delta)
+{
+    uint64_t end = offset + (nbytes ? nbytes : 1);
+
+    for (uint64_t k = offset / m->chunk; k <= (end - 1) / m->chunk && k < m->count; k++)
+        if (delta > 0)
+            atomic_fetch_add_explicit(&m->queued[k], 1, memory_order_relaxed);
+        else
+            atomic_fetch_sub_explicit(&m->queued[k], 1, memory_order_release);
+}
+
+/* Whether no copy queued here reads chunk k; *flushed: the acker was asked once already. */
+static int chunk_idle(struct vmmt__chunk_map *m, uint32_t k, int *flushed)
+{
+    if (atomic_load_explicit(&m->queued[k], memory_order_acquire) == 0) return 1;
+    if (!*flushed) m->flush(m->flush_arg);
+    *flushed = 1;
+    return atomic_load_explicit(&m->queued[k], memory_order_acquire) == 0;
 }
 
 static int unmap_chunk(struct vmmt__chunk_map *m, uint32_t k)
@@ -200,7 +225,7 @@ int vmmt__chunk_map_ensure(struct vmmt__chunk_map *m, const uint32_t *words,
 {
     uint64_t end = d->offset + (d->nbytes ? d->nbytes : 1);
     uint32_t first = (uint32_t)(d->offset / m->chunk), last = (uint32_t)((end - 1) / m->chunk);
-    int st;
+    int st, flushed = 0;
 
     if (last >= m->count)
         return vmmt__fail(VMMT_EPROTO, "buffer ends in chunk %u of %u", last, m->count);
@@ -214,12 +239,12 @@ int vmmt__chunk_map_ensure(struct vmmt__chunk_map *m, const uint32_t *words,
         if (m->incarnation[k] == now) continue;
         /* Its previous making went back without our acknowledgement (a rank released on
          * our behalf): our copy out of it may still be queued. */
-        if (m->incarnation[k] != 0 && !m->quiet(m->quiet_arg))
+        if (m->incarnation[k] != 0 && !chunk_idle(m, k, &flushed))
             return vmmt__fail(VMMT_ESTATE,
                               "chunk %u of the pool was made again while a copy out of its "
-                              "previous making may still be queued in this process (its rank "
-                              "was released on this consumer's behalf?); synchronize the "
-                              "streams that consumed from the pool and consume again",
+                              "previous making is still queued in this process (its rank was "
+                              "released on this consumer's behalf?); synchronize the streams "
+                              "that consumed from the pool and consume again",
                               k);
         st = unmap_chunk(m, k);
         if (st == VMMT_OK) st = map_chunk(m, k);
@@ -246,16 +271,16 @@ int vmmt__chunk_map_ensure(struct vmmt__chunk_map *m, const uint32_t *words,
 int vmmt__chunk_map_trim(struct vmmt__chunk_map *m, const uint32_t *words)
 {
     double now = vmmt__now_us();
-    int st = VMMT_OK;
+    int st = VMMT_OK, flushed = 0;
 
     if (now - m->last_trim_us < TRIM_INTERVAL_US) return VMMT_OK;
     m->last_trim_us = now;
-    /* Not while a copy is queued: a call after the next interval tries again. */
-    if (!m->quiet(m->quiet_arg)) return VMMT_OK;
-    /* Backwards: unmapping moves the last entry into the freed place. */
+    /* Backwards: unmapping moves the last entry into the freed place. A chunk a queued
+     * copy reads stays: a call after the next interval tries again. */
     for (uint32_t i = m->nmapped; i-- > 0 && st == VMMT_OK;) {
         uint32_t k = m->mapped[i];
-        if (vmmt__ctrl_load(&words[k]) != m->incarnation[k]) st = unmap_chunk(m, k);
+        if (vmmt__ctrl_load(&words[k]) != m->incarnation[k] && chunk_idle(m, k, &flushed))
+            st = unmap_chunk(m, k);
     }
     return st;
 }
@@ -274,6 +299,7 @@ int vmmt__chunk_map_destroy(struct vmmt__chunk_map *m)
     free(m->handle);
     free(m->incarnation);
     free(m->mapped);
+    free((void *)m->queued);
     free(m);
     return VMMT_OK;
 }

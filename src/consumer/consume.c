@@ -29,6 +29,8 @@ struct request {
     int ack_now;              /* this call completes the slot for these ranks */
     int gone;                 /* check_occupant found the occupant gone from its slot */
     int landed;               /* check_occupant found its bytes landed (the ready word held it) */
+    int held; /* the buffer's chunks are held for this call's copy (vmmt__chunk_map_hold) until
+                 whoever tracks the copy takes them over, or done() lets go */
     uint64_t took[VMMT__MAX_CONSUMERS / 64]; /* ranks whose shared word this call took */
     /* A forgotten group's words, to give back after its stream (forget_groups_with). */
     struct vmmt__ranks back;
@@ -211,8 +213,9 @@ static void forget_groups_with(struct request *rq, uint32_t r)
 
 /*
  * Record the consume in this process's slot state, refusing a descriptor
- * consumed before (check_occupant, just before, refused one whose slot has
- * moved on); consumer lock held.
+ * consumed before (check_occupant, earlier in this call, and take_words
+ * after the chunks were mapped, refused one whose slot has moved on);
+ * consumer lock held.
  */
 static int claim(struct request *rq)
 {
@@ -529,13 +532,26 @@ static int prepare(vmmt_consumer *c, const vmmt_desc *desc, int device, const in
             break;
         }
     if (st == VMMT_OK) vmmt__cache_use(c, rq->pool);
+    /* Under the lock, so that no other call unmaps a chunk between here and the copy. */
+    if (st == VMMT_OK && copy && rq->pool->chunks != NULL) {
+        vmmt__chunk_map_hold(rq->pool->chunks, rq->d.offset, rq->d.nbytes, 1);
+        rq->held = 1;
+    }
     pthread_mutex_unlock(&c->lock);
     give_back_after(c, rq);
     return st;
 }
 
+/* The chunks a copy held, let go once it is done (or was never queued). */
+static void unhold(struct imported *ip, uint64_t offset, uint64_t nbytes)
+{
+    vmmt__chunk_map_hold(ip->chunks, offset, nbytes, -1);
+}
+
 static void done(vmmt_consumer *c, struct request *rq)
 {
+    if (rq->held) unhold(rq->pool, rq->d.offset, rq->d.nbytes);
+    rq->held = 0;
     vmmt__cache_unuse(c, rq->pool);
 }
 
@@ -777,7 +793,8 @@ struct ack_note {
     uint32_t slot, gen, stride;
     struct vmmt__ranks ranks;
     int timeout_ms;
-    int64_t failing_since_ms; /* a device table's write failing since then; 0: it is not */
+    int64_t failing_since_ms;          /* a device table's write failing since then; 0: it is not */
+    uint64_t held_offset, held_nbytes; /* chunks the copy holds (request.held); 0 bytes: none */
 };
 
 /*
@@ -870,6 +887,7 @@ static void ack_done(void *arg, int acked)
         vmmt__consumer_remember_failed(ip->owner, ip, n->slot, n->gen, VMMT__FAILED_UNCONFIRMED);
     else if (acked == VMMT__ACK_COPY_FAILED)
         vmmt__consumer_remember_failed(ip->owner, ip, n->slot, n->gen, VMMT__FAILED_COPY);
+    if (n->held_nbytes != 0) unhold(ip, n->held_offset, n->held_nbytes);
     free(n);
     __atomic_sub_fetch(&ip->copies, 1, __ATOMIC_RELEASE);
 }
@@ -912,6 +930,8 @@ static void give_back_after(vmmt_consumer *c, struct request *rq)
                            rq->d.slot_stride,
                            rq->back,
                            c->cfg.timeout_ms,
+                           0,
+                           0,
                            0},
                     *note;
     struct vmmt__saved_error e;
@@ -936,15 +956,42 @@ static void give_back_after(vmmt_consumer *c, struct request *rq)
     vmmt__error_restore(&e);
 }
 
+/* The same for a copy that holds chunks: a note (struct ack_note) with no ranks. */
+static void held_copy_done(void *arg, int acked)
+{
+    struct ack_note *n = arg;
+    struct imported *ip = n->pool;
+
+    (void)acked;
+    unhold(ip, n->held_offset, n->held_nbytes);
+    free(n);
+    __atomic_sub_fetch(&ip->copies, 1, __ATOMIC_RELEASE);
+}
+
 /*
  * Keep the pool mapped until the work now on `s` (a copy out of it) has
  * completed: the acker sees an event after it and lets go. Without this an
  * eviction could unmap the pool under the queued copy.
  */
-static int track_copy(vmmt_consumer *c, const struct request *rq, CUstream s)
+static int track_copy(vmmt_consumer *c, struct request *rq, CUstream s)
 {
+    struct ack_note *n = NULL;
+
+    if (rq->held) {
+        n = calloc(1, sizeof *n);
+        if (n == NULL) {
+            /* Its chunks cannot stay held without a note: wait for the copy (done lets go). */
+            vmmt__log(VMMT_LOG_WARN, "no host memory to track a copy: synchronizing the stream");
+            return VMMT_CU(vmmt__drv(), cuStreamSynchronize(s));
+        }
+        n->pool = rq->pool;
+        n->held_offset = rq->d.offset;
+        n->held_nbytes = rq->d.nbytes;
+        rq->held = 0;
+    }
     /* The call still counts as a user, so the pool cannot go before this. */
     __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
+    if (n != NULL) return vmmt__acker_defer(c->acker, rq->pool->device, s, NULL, held_copy_done, n);
     return vmmt__acker_defer(c->acker, rq->pool->device, s, NULL, deferred_ack_done, rq->pool);
 }
 
@@ -971,6 +1018,8 @@ static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int afte
                            rq->d.slot_stride,
                            rq->ranks,
                            c->cfg.timeout_ms,
+                           0,
+                           0,
                            0},
                     *note;
     int st;
@@ -988,6 +1037,11 @@ static int write_acks(vmmt_consumer *c, struct request *rq, CUstream s, int afte
     note = malloc(sizeof *note);
     if (note == NULL) return vmmt__fail(VMMT_ENOMEM, "no host memory to track an acknowledgement");
     *note = now;
+    if (rq->held) { /* the note holds the copy's chunks from now on (ack_done lets go) */
+        note->held_offset = rq->d.offset;
+        note->held_nbytes = rq->d.nbytes;
+        rq->held = 0;
+    }
     __atomic_add_fetch(&rq->pool->copies, 1, __ATOMIC_RELAXED);
     /* Every path writes (or finds the slot moved on), before or after returning. */
     *written = 1;

@@ -203,13 +203,12 @@ static struct vmmt__ctrl_record record_of(const struct vmmt__desc *d)
     return r;
 }
 
-/* For the chunk map, which unmaps a chunk only then: is no copy out of ip queued? */
-static int quiet(void *arg)
+/* For the chunk map, before it finds a chunk held by a queued copy: the copies done let go. */
+static void flush(void *arg)
 {
     struct imported *ip = arg;
 
     if (copies(ip) > 0) vmmt__acker_flush(ip->owner->acker);
-    return copies(ip) == 0;
 }
 
 /*
@@ -234,7 +233,7 @@ static int import_chunked(vmmt_consumer *c, const struct vmmt__desc *d, struct i
     if (st == VMMT_OK) memcpy(ip->seal_key, rec.key, sizeof ip->seal_key);
     if (fd >= 0) close(fd);
     if (st == VMMT_OK)
-        st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, quiet, ip, &ip->chunks);
+        st = vmmt__chunk_map_create(ip->device, d, c->cfg.timeout_ms, flush, ip, &ip->chunks);
     if (st != VMMT_OK) {
         vmmt__ctrl_release(&ip->ctrl);
         vmmt__broker_link_close(ip->link, 1);
