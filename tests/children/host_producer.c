@@ -50,14 +50,10 @@ static int publish_one(vmmt_pool *pool, uint32_t i, size_t n, uint8_t *buf, vmmt
 static int run(vmmt_pool *pool, uint32_t count, size_t n, uint8_t *buf)
 {
     for (uint32_t i = 0; i < count; i++) {
-        struct tu_msg m;
         struct tu_reply rep;
         vmmt_desc d;
         CHECK(publish_one(pool, i, n, buf, &d) == VMMT_OK, "publish %u failed", i);
-        memset(&m, 0, sizeof m);
-        m.index = i;
-        memcpy(m.desc, d.bytes, sizeof m.desc);
-        CHECK(write(3, &m, sizeof m) == (ssize_t)sizeof m, "sending descriptor %u", i);
+        CHECK(tu_send_msg(3, i, 0, d.bytes) == 0, "sending descriptor %u", i);
         CHECK(read(3, &rep, sizeof rep) == (ssize_t)sizeof rep, "reading reply %u", i);
         CHECK(rep.status == VMMT_OK && rep.index == i, "consumer refused buffer %u: %d", i,
               rep.status);

@@ -82,13 +82,7 @@ static pid_t spawn_paired(const char *name, char **argv, int *sock)
 
 static void send_msg(int sock, uint32_t i, const vmmt_desc *d, uint32_t pad)
 {
-    struct tu_msg m;
-
-    memset(&m, 0, sizeof m);
-    m.index = i;
-    m.pad = pad;
-    if (d != NULL) memcpy(m.desc, d->bytes, sizeof m.desc);
-    CHECK(write(sock, &m, sizeof m) == (ssize_t)sizeof m);
+    CHECK(tu_send_msg(sock, i, pad, d != NULL ? d->bytes : NULL) == 0);
 }
 
 static struct tu_reply reply(int sock, uint32_t i)

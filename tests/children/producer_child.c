@@ -18,16 +18,6 @@
 #include "pattern.h"
 #include "testutil.h"
 
-static int send_desc(uint32_t index, const vmmt_desc *d)
-{
-    struct tu_msg m;
-
-    memset(&m, 0, sizeof m);
-    m.index = index;
-    memcpy(m.desc, d->bytes, sizeof m.desc);
-    return write(3, &m, sizeof m) == (ssize_t)sizeof m ? 0 : -1;
-}
-
 int main(int argc, char **argv)
 {
     const struct vmmt_drv *d;
@@ -65,7 +55,7 @@ int main(int argc, char **argv)
     for (uint32_t i = 1; i <= 2; i++) {
         b.ptr = src + (i - 1) * sizeof host;
         if (vmmt_publish(pool, &b, s, &desc) != VMMT_OK ||
-            d->cuStreamSynchronize(s) != CUDA_SUCCESS || send_desc(i, &desc) != 0)
+            d->cuStreamSynchronize(s) != CUDA_SUCCESS || tu_send_msg(3, i, 0, desc.bytes) != 0)
             return 5;
     }
     /* Hold the stream: the third publish's copy and ready flag stay queued. */
@@ -74,17 +64,14 @@ int main(int argc, char **argv)
         d->cuStreamWaitValue32(s, gate, 1, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
         return 6;
     b.ptr = src + 2 * sizeof host;
-    if (vmmt_publish(pool, &b, s, &desc) != VMMT_OK || send_desc(3, &desc) != 0) return 7;
+    if (vmmt_publish(pool, &b, s, &desc) != VMMT_OK || tu_send_msg(3, 3, 0, desc.bytes) != 0)
+        return 7;
     if (argc > 2 && strcmp(argv[2], "linger") == 0) {
-        struct tu_msg m;
         pid_t pid = fork();
         if (pid == 0) alarm(120); /* never outlives a test that forgot it */
         while (pid == 0)
             pause();
-        memset(&m, 0, sizeof m);
-        m.index = 4;
-        m.pad = pid > 0 ? (uint32_t)pid : 0;
-        if (pid < 0 || write(3, &m, sizeof m) != (ssize_t)sizeof m) return 9;
+        if (pid < 0 || tu_send_msg(3, 4, (uint32_t)pid, NULL) != 0) return 9;
     }
     sleep(60);
     return 8;

@@ -4,6 +4,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <unistd.h>
 
 static inline uint8_t tu_pattern_byte(uint32_t buffer, size_t j)
 {
@@ -34,6 +36,19 @@ struct tu_msg {
 #define TU_MSG_KEEP    1u /* keep the descriptor unconsumed (a slow rank); status 1 */
 #define TU_MSG_LINGER  2u /* fork a worker that keeps what it inherited; its pid in first_bad */
 #define TU_MSG_RANK(r) (0x100u + (uint32_t)(r)) /* consume for rank r alone */
+
+/* Send message `index` (with `pad`, and the descriptor's bytes unless d is NULL) on fd;
+ * 0, or -1 where the write fell short. */
+static inline int tu_send_msg(int fd, uint32_t index, uint32_t pad, const uint8_t d[512])
+{
+    struct tu_msg m;
+
+    memset(&m, 0, sizeof m);
+    m.index = index;
+    m.pad = pad;
+    if (d != NULL) memcpy(m.desc, d, sizeof m.desc);
+    return write(fd, &m, sizeof m) == (ssize_t)sizeof m ? 0 : -1;
+}
 
 /* The consumer's answer for one buffer. */
 struct tu_reply {

@@ -280,7 +280,10 @@ static void p_wait(struct prod *p, const struct mt_cmd *c, struct mt_reply *r)
 
     for (;;) {
         r->attempts++;
-        if (c->id == MT_WAIT_IDLE) vmmt_pool_reclaim(p->pool, NULL);
+        /* Acknowledged slices recycled, so that their chunks can fall idle; the give-back
+         * of an idle chunk is still the pool's own timer. */
+        if (c->id == MT_WAIT_IDLE || c->id == MT_WAIT_CHUNK_RELEASED)
+            vmmt_pool_reclaim(p->pool, NULL);
         st = vmmt_pool_get_stats(p->pool, &r->stats);
         if (st != VMMT_OK) break;
         if (c->id == MT_WAIT_IDLE && r->stats.in_flight == 0 && r->stats.in_flight_bytes == 0)

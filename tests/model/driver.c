@@ -120,6 +120,8 @@ static const char *const kind_names[K_COUNT] = {"host_table", "device_table", "s
     X(stats, "statistics checked", 1)                                                              \
     X(quiescent, "quiescent points: 0 in flight", 1)                                               \
     X(chunk_cycle, "elastic chunks all given back, then made again", 5)                            \
+    X(chunk_remade_held, "consumes OK in a chunk made again while a copy from another was queued", \
+      5)                                                                                           \
     X(leak_check, "processes back to baseline at a pool's end", 1)
 
 enum {
@@ -2056,6 +2058,162 @@ static int op_chunk_cycle(void)
     return 1;
 }
 
+/* The chunks of an elastic pool that record rec's slice lies in, a bit each. */
+static unsigned rec_chunks(int rec)
+{
+    const vmmt_desc *d = &m_rec(&M, rec)->desc[0];
+    uint64_t off = mt_get(d, MT_OFF_SLICE_OFFSET, 8), n = mt_get(d, MT_OFF_SLICE_BYTES, 8);
+    unsigned set = 0;
+    for (uint64_t k = off / R.prm.chunk_size; k <= (off + n - 1) / R.prm.chunk_size; k++)
+        set |= 1u << k;
+    return set;
+}
+
+/* Cancel records never handed out (this op's fillers). */
+static void cancel_unhanded(const int *recs, int n)
+{
+    struct mt_cmd c;
+    for (int i = 0; i < n; i++) {
+        cmd_init(&c, P_CANCEL);
+        c.desc = m_rec(&M, recs[i])->desc[0];
+        prod_call(&c);
+        if (rep.status != VMMT_OK)
+            finding("cancel of a live descriptor never handed out answered %s: %s",
+                    st_name(rep.status), rep.msg);
+        m_cancel(&M, recs[i], 0);
+    }
+}
+
+/* Publish fillers until a record lands in no chunk of `avoid`; cancel the fillers. -1: none. */
+static int publish_outside(unsigned avoid)
+{
+    int fill[M_SLOTS], n = 0, rec = -1;
+    while (m_room(&M) && n < M_SLOTS) {
+        int r = do_publish(1, 0);
+        if (r < 0) break;
+        if (!(rec_chunks(r) & avoid)) {
+            rec = r;
+            break;
+        }
+        fill[n++] = r;
+    }
+    cancel_unhanded(fill, n);
+    return rec;
+}
+
+static void wait_chunks_released(uint64_t target, const char *why)
+{
+    struct mt_cmd c;
+    cmd_init(&c, P_WAIT);
+    c.id = MT_WAIT_CHUNK_RELEASED;
+    c.target = target;
+    c.timeout_ms = IDLE_MS;
+    prod_call(&c);
+    if (rep.status != VMMT_OK)
+        finding("%s: %" PRIu64 " chunks made, %" PRIu64 " released after %d s, %" PRIu64
+                " expected",
+                why, rep.stats.chunks_made, rep.stats.chunks_released, IDLE_MS / 1000, target);
+}
+
+/*
+ * Elastic: a consumer process's copy from chunk X queued behind its own
+ * gate, while another chunk Y, which the same process had mapped, is given
+ * back and made again; a LIVE buffer in Y must then be consumed OK, its own
+ * bytes, and the queued copy must still land its own. Queued copies hold
+ * the chunks they read, not the whole import (docs/design.md, "Elastic
+ * pools"): before 2026-12-07 a process with any copy queued was refused
+ * every chunk made again (VMMT_ESTATE, the outside attack's finding in
+ * tests/unit/test_attack_elastic.c).
+ */
+static int op_chunk_remade_held(void)
+{
+    int cand[MT_MAX_SEATS], n = 0, s, rank, a, c, b, id, remade;
+    unsigned ca, cc, cb;
+    uint64_t made, released, made_c;
+    struct m_rec *ra;
+    struct mt_cmd cmd;
+
+    if (R.kind != K_ELASTIC || !R.can_gate || skipped("chunk_remade")) return 0;
+    /* A second chunk is reached only by more slices than one chunk holds. */
+    if ((uint64_t)cur()->capacity * R.prm.unit <= R.prm.chunk_size + R.prm.unit) return 0;
+    for (int k = 0; k < R.nseats; k++)
+        if (M.seat[k].alive && M.seat[k].waits_ok && (M.seat[k].role & m_all(cur())) &&
+            !M.seat[k].deferred)
+            cand[n++] = k;
+    if (n == 0) return 0;
+    s = cand[below((uint64_t)n)];
+    do
+        rank = (int)below((uint64_t)cur()->ranks);
+    while (!(M.seat[s].role & (1u << rank)));
+
+    /* From no chunk resident: A, then C in other chunks than A's. */
+    quiesce();
+    cmd_init(&cmd, P_STATS);
+    prod_call(&cmd);
+    wait_chunks_released(rep.stats.chunks_made, "an idle elastic pool kept chunks");
+    made = rep.stats.chunks_made;
+    released = rep.stats.chunks_released;
+    if ((a = do_publish(1, 0)) < 0) return 1;
+    ca = rec_chunks(a);
+    if ((c = publish_outside(ca)) < 0) return 1;
+    cc = rec_chunks(c);
+    if (real_call(s, c, 0, 1u << rank, 0, 0, "consume in a chunk to be given back") != VMMT_OK)
+        return 1;
+    for (int k = 0; k < cur()->ranks; k++)
+        if (!(m_rec(&M, c)->acked & (1u << k))) settle_rank(c, k);
+    if (m_rec(&M, c)->state == M_LIVE || M.inst[m_rec(&M, a)->inst].ended != M_OPEN) return 1;
+
+    /* A's copy queued behind the seat's gate: it holds A's chunks, and only those. */
+    ra = m_rec(&M, a);
+    seat_gate(s, 0);
+    m_pin(&M, a, 1);
+    if (real_call(s, a, 0, 1u << rank, 0, MT_F_DEFER, "consume behind the seat's gate") !=
+        VMMT_OK) {
+        m_pin(&M, a, 0);
+        seat_gate(s, 1);
+        return 1;
+    }
+    id = rep.id;
+    M.seat[s].deferred++;
+    cmd_init(&cmd, P_STATS);
+    prod_call(&cmd);
+    made_c = rep.stats.chunks_made;
+    wait_chunks_released(released + (made_c - made) - (unsigned)__builtin_popcount(ca),
+                         "chunks no slice uses stayed resident while a copy from another was "
+                         "queued");
+
+    /* B in C's chunks, made again: a LIVE buffer there is the consumer's to take. */
+    b = publish_outside(ca);
+    cb = b >= 0 ? rec_chunks(b) : 0;
+    cmd_init(&cmd, P_STATS);
+    prod_call(&cmd);
+    remade = (cb & cc) != 0 && rep.stats.chunks_made > made_c;
+    if (b >= 0 &&
+        real_call(s, b, 0, 1u << rank, 0, 0,
+                  "consume in a chunk made again while a copy from another is queued") == VMMT_OK &&
+        remade)
+        R.ctr[CTR_chunk_remade_held]++;
+    say("chunk remade: A in chunks %#x queued at consumer %d, C in %#x, B in %#x", ca, s, cc, cb);
+
+    seat_gate(s, 1);
+    cmd_init(&cmd, C_VERIFY);
+    cmd.id = id;
+    call(&R.cons[s], &cmd);
+    M.seat[s].deferred--;
+    m_pin(&M, a, 0);
+    if (!rep.stream_ok)
+        finding("consumer %d's stream failed after its gate opened: %s", s, rep.msg);
+    if (rep.first_bad != rep.nbytes || rep.found_uid != ra->uid[0] || rep.status2 != VMMT_OK)
+        finding("a copy queued while another chunk was made again got %s bytes (first wrong "
+                "byte %" PRIu64 " of %" PRIu64 ", the buffer names uid %" PRIx64
+                "), vmmt_consumer_check says %s",
+                rep.found_uid == ra->uid[0] ? "its own" : "another buffer's", rep.first_bad,
+                rep.nbytes, rep.found_uid, st_name(rep.status2));
+    if (rep.status2 == VMMT_OK) R.ctr[CTR_check_ok]++;
+    add_copy(s, a, 0, VMMT_OK, 1u << rank);
+    return 1;
+}
+
 /* ---------------------------------------------------------------- pools */
 
 static void choose_params(void)
@@ -2082,6 +2240,11 @@ static void choose_params(void)
         p->memory_size = 8u << 20;
         p->chunk_size = 2u << 20;
         p->idle_release_ms = 20;
+        /* Half the pools with slices that reach past one chunk (op_chunk_remade_held). */
+        if (below(2) == 0) {
+            p->unit = MT_MAX_UNIT;
+            p->max_slices = slots[2 + below(3)];
+        }
         break;
     case K_FABRIC: p->fabric = 1; break;
     }
@@ -2257,13 +2420,20 @@ static int op_gated_open(void)
 }
 
 static const struct op normal_ops[] = {
-    {op_publish, 14},     {op_packed, 7},        {op_reserve, 3},   {op_commit, 4},
-    {op_commit_again, 1}, {op_res_cancel, 1},    {op_cancel, 2},    {op_cancel_replay, 1},
-    {op_work, 34},        {op_drop, 2},          {op_replay, 9},    {op_forge, 9},
-    {op_token, 1},        {op_bad_ranks, 1},     {op_check, 2},     {op_evict, 2},
-    {op_evict_old, 1},    {op_kill_consumer, 1}, {op_release, 1},   {op_reclaim, 1},
-    {op_stats, 2},        {op_gated_open, 2},    {op_quiesce, 2},   {op_chunk_cycle, 1},
-    {op_flush, 2},        {op_cancel_taken, 2},  {op_list_part, 2},
+    {op_publish, 14},     {op_packed, 7},
+    {op_reserve, 3},      {op_commit, 4},
+    {op_commit_again, 1}, {op_res_cancel, 1},
+    {op_cancel, 2},       {op_cancel_replay, 1},
+    {op_work, 34},        {op_drop, 2},
+    {op_replay, 9},       {op_forge, 9},
+    {op_token, 1},        {op_bad_ranks, 1},
+    {op_check, 2},        {op_evict, 2},
+    {op_evict_old, 1},    {op_kill_consumer, 1},
+    {op_release, 1},      {op_reclaim, 1},
+    {op_stats, 2},        {op_gated_open, 2},
+    {op_quiesce, 2},      {op_chunk_cycle, 1},
+    {op_flush, 2},        {op_chunk_remade_held, 1},
+    {op_cancel_taken, 2}, {op_list_part, 2},
 };
 
 static const struct op after_ops[] = {

@@ -171,10 +171,12 @@ static inline void mt_put(vmmt_desc *d, unsigned off, unsigned size, uint64_t v)
         d->bytes[off + k] = (uint8_t)(v >> (8 * k));
 }
 
-#define MT_OFF_POOL_ID    24
-#define MT_OFF_SLOT       264
-#define MT_OFF_GENERATION 268
-#define MT_OFF_PACK_INDEX 304
-#define MT_OFF_PACK_COUNT 306
+#define MT_OFF_POOL_ID      24
+#define MT_OFF_SLOT         264
+#define MT_OFF_GENERATION   268
+#define MT_OFF_SLICE_OFFSET 272
+#define MT_OFF_SLICE_BYTES  280
+#define MT_OFF_PACK_INDEX   304
+#define MT_OFF_PACK_COUNT   306
 
 #endif

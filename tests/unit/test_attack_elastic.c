@@ -718,16 +718,6 @@ static void test_shutdown_mid_stream(void **state)
 /* ------------------------------------------------------------ producer death */
 
 /* This program as an elastic producer (main's "elastic-producer" mode), on fd 3. */
-static int send_msg3(uint32_t index, const vmmt_desc *d)
-{
-    struct tu_msg m;
-
-    memset(&m, 0, sizeof m);
-    m.index = index;
-    memcpy(m.desc, d->bytes, sizeof m.desc);
-    return write(3, &m, sizeof m) == (ssize_t)sizeof m ? 0 : -1;
-}
-
 /*
  * Publishes into an elastic pool of one rank (16 MiB of 2 MiB chunks, kept a
  * minute): 1, 4 KiB in chunk 0, landed; 3, 4 KiB in chunk 0 whose copy and
@@ -775,7 +765,9 @@ static int producer_main(void)
     if (raw_fill(s, src + 2 * SMALL, 3 * MiB, 2, h) != 0 ||
         vmmt_publish(pool, &b, s, &d2) != VMMT_OK || d->cuStreamSynchronize(s) != CUDA_SUCCESS)
         return 8;
-    if (send_msg3(1, &d1) != 0 || send_msg3(2, &d2) != 0 || send_msg3(3, &d3) != 0) return 9;
+    if (tu_send_msg(3, 1, 0, d1.bytes) != 0 || tu_send_msg(3, 2, 0, d2.bytes) != 0 ||
+        tu_send_msg(3, 3, 0, d3.bytes) != 0)
+        return 9;
     sleep(60);
     return 10;
 }
