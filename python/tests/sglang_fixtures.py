@@ -26,9 +26,14 @@ def fast_switch():
 @pytest.fixture
 def clean(no_leaks):
     """Every test ends with the process's consumer closed, the default
-    resolver back and the emulator's counters where they started."""
+    resolver and NUMPY_FEATURES back and the emulator's counters where they
+    started."""
     previous = vs.set_rank_resolver(None)
+    # NumPy stands in for torch in this suite, also where test_torch_cpu
+    # has imported torch into the process.
+    numpy_features, vs.NUMPY_FEATURES = vs.NUMPY_FEATURES, True
     yield
+    vs.NUMPY_FEATURES = numpy_features
     vs.set_rank_resolver(previous)
     vs._imported_pool_cache_clear()
 

@@ -204,11 +204,12 @@ def test_install_puts_vmmt_in_sglangs_place(tmp_path):
         "already imported" in out, out
 
 
-def test_sglang_style_doubles_take_sglangs_internal_paths():
+def test_sglang_style_doubles_take_sglangs_internal_paths(monkeypatch):
     """sglang's CPU tests build pools, owners and proxies with object.__new__
     and mocks; the paths they assert on stay: a hand-built owner cancels by
     its control offset, a packed member releases through its owner."""
     from unittest.mock import MagicMock
+    monkeypatch.setattr(vs, "NUMPY_FEATURES", True)  # NumPy features stand in for torch's
     owner = object.__new__(vs._CudaVmmPackedTransportOwner)
     owner.control_offset, owner._producer_cancelled = 64, False
     proxies = [object.__new__(vs.CudaVmmPackedTensorTransportProxy) for _ in range(2)]
@@ -233,3 +234,44 @@ def test_sglang_style_doubles_take_sglangs_internal_paths():
     member.release_without_reconstruction(consumer_count=2)
     member._packed_owner.acknowledge_consumption.assert_called_once_with(2)
     assert member._consumer_acknowledged
+
+
+def test_numpy_features_go_inline_where_torch_is_loaded(transport, monkeypatch):
+    """sglang's transport takes torch tensors only: in a process that has
+    torch, a NumPy feature (or a list of them) is left for the request's
+    pickle, and only the torch features of an image group are packed
+    (vmmt.sglang.NUMPY_FEATURES: None, the default, means NumPy stands in
+    for torch only where torch is not imported)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(vs, "NUMPY_FEATURES", None)
+    listed = [np.ones(2), np.ones(2)]
+    images = [torch.arange(6, dtype=torch.float32), np.arange(6, dtype=np.float32),
+              torch.ones(3)]
+    req = request(item(images[0]), item(images[1], embeddings=np.ones(2)),
+                  item(images[2], modality="VIDEO"), item(listed, modality="AUDIO"))
+    transport.wrap_items(req.mm_items)
+    a, b, c, d = req.mm_items
+    assert isinstance(a.feature, vs.CudaVmmPackedTensorTransportProxy)
+    assert a.feature._packed_owner is c.feature._packed_owner
+    assert b.feature is images[1] and isinstance(b.precomputed_embeddings, np.ndarray)
+    assert d.feature is listed
+    rank_side = pickle.loads(pickle.dumps(req))
+    assert torch.equal(rank_side.mm_items[0].feature.reconstruct_on_target_device(0), images[0])
+    assert torch.equal(rank_side.mm_items[2].feature.reconstruct_on_target_device(0), images[2])
+    assert (rank_side.mm_items[1].feature == images[1]).all()
+    assert settle(transport.pool) == []
+
+
+def test_numpy_features_on_pack_apart_from_torch_ones(transport, monkeypatch):
+    """With NUMPY_FEATURES on (this suite's stand-in), an image group that
+    mixes torch and NumPy is wrapped one feature at a time, not refused."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(vs, "NUMPY_FEATURES", True)
+    images = [torch.arange(4, dtype=torch.float32), np.arange(4, dtype=np.float32)]
+    req = request(item(images[0]), item(images[1]))
+    transport.wrap_items(req.mm_items)
+    assert all(type(i.feature) is vs.CudaVmmTensorTransportProxy for i in req.mm_items)
+    rank_side = pickle.loads(pickle.dumps(req))
+    assert torch.equal(rank_side.mm_items[0].feature.reconstruct_on_target_device(0), images[0])
+    assert (rank_side.mm_items[1].feature.reconstruct_on_target_device(0) == images[1]).all()
+    assert settle(transport.pool) == []

@@ -4,7 +4,9 @@ A drop-in for ``sglang.srt.utils.cuda_vmm_transport_utils`` (the tokenizer's
 CudaVmmFeatureTransport, its CudaVmmMemoryPool and the proxies a request
 carries to the ranks) and for ``get_device_allocation_handle_type`` of
 ``sglang.srt.utils.cuda_vmm_utils``. Pure Python over the binding; imports
-without sglang and without torch (NumPy arrays then stand in for tensors).
+without sglang and without torch (NumPy arrays then stand in for tensors;
+where torch is imported, NumPy features stay inline as in sglang, unless
+``NUMPY_FEATURES`` says otherwise).
 
 Put it in sglang's place either way:
 
@@ -141,6 +143,13 @@ MM_ITEM_MEMORY_POOL_RECYCLE_INTERVAL = float(
 
 _PACKED_MODALITIES = ("IMAGE", "VIDEO")
 
+# Whether the transport takes NumPy arrays as features. sglang's takes torch
+# tensors only, and leaves anything else in the request's pickle; None (the
+# default) does the same where torch is imported, and publishes NumPy arrays
+# only where torch is absent (they stand in for tensors there). True or
+# False to say outright. The pool's own wrap_tensor takes either always.
+NUMPY_FEATURES = None
+
 
 def __getattr__(name):
     # sglang's transport module imports torch at its top, and sglang's tests
@@ -201,9 +210,18 @@ def _modality_name(item):
     return getattr(modality, "name", modality)
 
 
+def _is_feature(value):
+    """Whether the transport publishes `value`: a torch tensor, or a NumPy
+    array as NUMPY_FEATURES says."""
+    lib = _arrays.library(value)
+    if lib != _arrays.NUMPY:
+        return lib is not None
+    return "torch" not in sys.modules if NUMPY_FEATURES is None else bool(NUMPY_FEATURES)
+
+
 def _contains_tensor_container(value):
     return isinstance(value, (list, tuple)) and any(
-        _arrays.is_tensor(v) or _contains_tensor_container(v) for v in value)
+        _is_feature(v) or _contains_tensor_container(v) for v in value)
 
 
 def _is_proxy(x):
@@ -315,10 +333,12 @@ class CudaVmmFeatureTransport:
             candidates = [
                 (item, item.feature) for item in mm_items
                 if _modality_name(item) in _PACKED_MODALITIES and
-                _arrays.is_tensor(item.feature) and _arrays.numel(item.feature) > 0 and
+                _is_feature(item.feature) and _arrays.numel(item.feature) > 0 and
                 not (getattr(item, "model_specific_data", None) or {}).get(
                     DEFER_CUDA_IPC_FEATURE_RECONSTRUCTION_KEY, False)]
-            if len(candidates) >= 2:
+            # One slice holds one library's tensors: a group that mixes torch
+            # and NumPy goes one feature at a time.
+            if len(candidates) >= 2 and len({_arrays.library(t) for _, t in candidates}) == 1:
                 packed = self.pool.wrap_tensors([t for _, t in candidates])
                 if packed is not None:
                     for (item, tensor), proxy in zip(candidates, packed):
@@ -330,7 +350,7 @@ class CudaVmmFeatureTransport:
                     if _contains_tensor_container(value):
                         raise TypeError("CUDA VMM feature transport requires each feature field "
                                         "to contain a single tensor")
-                    if not _arrays.is_tensor(value):
+                    if not _is_feature(value):
                         continue
                     wrapped = self.pool.wrap_tensor(value)
                     setattr(item, field, wrapped)

@@ -9,6 +9,7 @@ PoolKind = Literal["device", "elastic", "host"]
 
 POOL_KINDS: Tuple[str, ...]
 DEFER_CUDA_IPC_FEATURE_RECONSTRUCTION_KEY: str
+NUMPY_FEATURES: Optional[bool]
 MM_FEATURE_CACHE_SIZE: int
 MM_ITEM_MEMORY_POOL_RECYCLE_INTERVAL: float
 TRANSPORT_MODULE: str
