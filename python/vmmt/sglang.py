@@ -92,7 +92,9 @@ the safer ones:
   An ``acknowledge_ranks`` list is one call of the library, done for all
   its ranks or none, and a proxy acknowledges each named rank once: asked
   again for others it acknowledges those, where sglang's proxy would answer
-  done and acknowledge nothing.
+  done and acknowledge nothing (its newer CUDA IPC proxies raise ValueError
+  then, and take a list only with ``consumer_count=1`` and the reader's own
+  rank in it: rules vmmt does not enforce yet).
 
 sglang's own test helpers that reach into its internals (the pool's raw
 ``memory_pool`` tensor and its acknowledgement words, ``tensor_from_pointer``,
