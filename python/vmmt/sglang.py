@@ -218,7 +218,8 @@ def _is_feature(value):
     lib = _arrays.library(value)
     if lib != _arrays.NUMPY:
         return lib is not None
-    return "torch" not in sys.modules if NUMPY_FEATURES is None else bool(NUMPY_FEATURES)
+    # sys.modules["torch"] = None (a test's "no torch here") is no torch.
+    return sys.modules.get("torch") is None if NUMPY_FEATURES is None else bool(NUMPY_FEATURES)
 
 
 def _contains_tensor_container(value):
