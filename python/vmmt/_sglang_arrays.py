@@ -27,10 +27,6 @@ def library(x):
     return None
 
 
-def is_tensor(x):
-    return library(x) is not None
-
-
 def numel(t):
     return t.numel() if library(t) == TORCH else t.size
 
