@@ -2038,6 +2038,7 @@ static int op_quiesce(void)
 }
 
 static int op_chunk_remade_held(void);
+static void wait_chunks_released(uint64_t target, const char *why);
 
 /*
  * Elastic: every chunk given back once idle; the next publish makes one
@@ -2054,15 +2055,7 @@ static int op_chunk_cycle(void)
     quiesce();
     cmd_init(&c, P_STATS);
     prod_call(&c);
-    cmd_init(&c, P_WAIT);
-    c.id = MT_WAIT_CHUNK_RELEASED;
-    c.target = rep.stats.chunks_made;
-    c.timeout_ms = IDLE_MS;
-    prod_call(&c);
-    if (rep.status != VMMT_OK)
-        finding("an idle elastic pool kept chunks: %" PRIu64 " made, %" PRIu64
-                " released after %d s",
-                rep.stats.chunks_made, rep.stats.chunks_released, IDLE_MS / 1000);
+    wait_chunks_released(rep.stats.chunks_made, "an idle elastic pool kept chunks");
     R.ctr[CTR_chunk_cycle]++;
     return 1;
 }
